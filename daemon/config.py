@@ -1,0 +1,129 @@
+"""The daemon's configuration file (TOML), validated into a frozen ``Config``.
+
+::
+
+    [daemon]
+    state_dir = "/var/lib/b300"          # SQLite database, lock file
+    database_url = ""                    # default: sqlite:///<state_dir>/state.db
+    socket = ""                          # default: <state_dir>/b300d.sock
+    job_log_dir = ""                     # default: <state_dir>/job-logs; jobs' stdout/stderr
+                                         # when a spec sets no output (must be on a filesystem
+                                         # the compute nodes share)
+    poll_interval = "15s"
+    submit_grace = "60s"                 # how long an unconfirmed sbatch may still appear
+    max_backoff = "5m"
+    log_format = "auto"                  # auto | json | console
+    log_level = "info"
+    admin_group = ""                     # members may change things through b300ctl
+
+    [slurm]
+    backend = "auto"                     # auto | cli | pyslurm
+    conf = ""                            # SLURM_CONF for the Slurm tools
+    bin_dir = ""                         # where sbatch & co. live (default: PATH)
+    command_timeout = "30s"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+from .validate import get_str, get_table, parse_duration, reject_unknown
+
+DEFAULT_CONFIG = "/etc/b300/b300.toml"
+_ABS = re.compile(r"/[^\x00\n]*")
+_GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    path: str
+    state_dir: str
+    database_url: str
+    socket: str
+    job_log_dir: str = ""
+    poll_interval_s: float = 15.0
+    submit_grace_s: float = 60.0
+    max_backoff_s: float = 300.0
+    log_format: str = "auto"
+    log_level: str = "info"
+    admin_group: str = ""
+    slurm_backend: str = "auto"
+    slurm_conf: str | None = None
+    slurm_bin_dir: str | None = None
+    slurm_timeout_s: float = 30.0
+
+
+def config_path(explicit: str | None) -> str:
+    """The config file to read: ``--config``, else ``$B300_CONFIG``, else the default."""
+    return explicit or os.environ.get("B300_CONFIG") or DEFAULT_CONFIG
+
+
+def load_config(path: str) -> Config:
+    """Read and validate the config file; every problem is one ConfigError line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    reject_unknown(doc, {"daemon", "slurm"}, path, ConfigError)
+    d = get_table(doc, "daemon", path, ConfigError)
+    dw = f"{path}: [daemon]"
+    reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "poll_interval", "submit_grace",
+                       "max_backoff", "log_format", "log_level", "admin_group"}, dw, ConfigError)
+    state_dir = get_str(d, "state_dir", dw, ConfigError, default="/var/lib/b300", pattern=_ABS,
+                        what="an absolute path")
+    assert state_dir is not None
+    db = get_str(d, "database_url", dw, ConfigError, default="") or f"sqlite:///{state_dir}/state.db"
+    if not re.match(r"(sqlite|postgresql)(\+\w+)?://", db):
+        raise ConfigError(f"{dw}: database_url must be a sqlite:/// or postgresql:// URL")
+    sock = get_str(d, "socket", dw, ConfigError, default="", pattern=re.compile(r"|/[^\x00\n]{0,100}"),
+                   what="an absolute path of at most 100 characters") or f"{state_dir}/b300d.sock"
+    job_log_dir = get_str(d, "job_log_dir", dw, ConfigError, default="", pattern=re.compile(
+        f"|{_ABS.pattern}"), what="an absolute path") or f"{state_dir}/job-logs"
+    log_format = get_str(d, "log_format", dw, ConfigError, default="auto") or "auto"
+    if log_format not in ("auto", "json", "console"):
+        raise ConfigError(f"{dw}: log_format must be auto, json or console, got {log_format!r}")
+    level = get_str(d, "log_level", dw, ConfigError, default="info") or "info"
+    if level not in _LEVELS:
+        raise ConfigError(f"{dw}: log_level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    s = get_table(doc, "slurm", path, ConfigError)
+    sw = f"{path}: [slurm]"
+    reject_unknown(s, {"backend", "conf", "bin_dir", "command_timeout"}, sw, ConfigError)
+    backend = get_str(s, "backend", sw, ConfigError, default="auto") or "auto"
+    if backend not in ("auto", "cli", "pyslurm"):
+        raise ConfigError(f"{sw}: backend must be auto, cli or pyslurm, got {backend!r}")
+    poll = parse_duration(d.get("poll_interval", 15), "poll_interval", dw, ConfigError)
+    if poll < 0.2 or poll > 3600:
+        raise ConfigError(f"{dw}: poll_interval must be between 0.2 s and 1 h, got {poll:g} s")
+    return Config(
+        path=path,
+        state_dir=state_dir,
+        database_url=db,
+        socket=sock,
+        job_log_dir=job_log_dir,
+        poll_interval_s=poll,
+        submit_grace_s=parse_duration(d.get("submit_grace", 60), "submit_grace", dw, ConfigError),
+        max_backoff_s=parse_duration(d.get("max_backoff", 300), "max_backoff", dw, ConfigError),
+        log_format=log_format,
+        log_level=level,
+        admin_group=get_str(d, "admin_group", dw, ConfigError, default="", pattern=re.compile(
+            f"|{_GROUP.pattern}"), what="a group name") or "",
+        slurm_backend=backend,
+        slurm_conf=get_str(s, "conf", sw, ConfigError, default="", pattern=re.compile(
+            f"|{_ABS.pattern}"), what="an absolute path") or None,
+        slurm_bin_dir=get_str(s, "bin_dir", sw, ConfigError, default="", pattern=re.compile(
+            f"|{_ABS.pattern}"), what="an absolute path") or None,
+        slurm_timeout_s=parse_duration(s.get("command_timeout", 30), "command_timeout", sw,
+                                       ConfigError),
+    )

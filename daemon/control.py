@@ -1,0 +1,150 @@
+"""The daemon's control socket: b300ctl's mutating commands go through here.
+
+One JSON object per line each way over a Unix stream socket. The daemon
+learns who is asking from the kernel (SO_PEERCRED), not from the request,
+and allows changes only to root, its own user and members of the configured
+admin group.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .errors import DaemonUnavailableError, UsageError
+
+log = structlog.get_logger(__name__)
+MAX_REQUEST_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def user(self) -> str:
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return f"uid:{self.uid}"
+
+
+Handler = Callable[[dict[str, Any], Peer], dict[str, Any]]
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid, uid, gid)
+
+
+def is_admin(peer: Peer, admin_group: str) -> bool:
+    """Root, the daemon's own user, or a member of ``admin_group``."""
+    if peer.uid in (0, os.geteuid()):
+        return True
+    if not admin_group:
+        return False
+    try:
+        group = grp.getgrnam(admin_group)
+    except KeyError:
+        return False
+    return peer.gid == group.gr_gid or peer.user in group.gr_mem
+
+
+class ControlServer:
+    """Serves ``handler`` on a Unix socket in a background thread."""
+
+    def __init__(self, path: str, handler: Handler, *, admin_group: str = "") -> None:
+        self.path = path
+        outer_handler = handler
+
+        class _Req(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                peer = peer_of(self.connection)
+                line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+                try:
+                    if len(line) > MAX_REQUEST_BYTES:
+                        raise UsageError("request too large")
+                    request = json.loads(line)
+                    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+                        raise UsageError("request must be a JSON object with an 'op'")
+                    reply = outer_handler(request, peer)
+                except (ValueError, UsageError) as exc:
+                    reply = {"ok": False, "error": str(exc), "exit_code": 2}
+                self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if os.path.exists(path):
+            os.unlink(path)  # stale from a crash; the daemon's lock file says we own it
+        self._server = socketserver.ThreadingUnixStreamServer(path, _Req)
+        self._server.daemon_threads = True
+        os.chmod(path, 0o660)
+        if admin_group:
+            try:
+                os.chown(path, -1, grp.getgrnam(admin_group).gr_gid)
+            except (KeyError, PermissionError) as exc:
+                log.warning("control.group", group=admin_group, error=str(exc))
+        self._thread = threading.Thread(target=self._server.serve_forever, name="control",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def call_daemon(path: str, request: dict[str, Any], timeout: float = 180.0) -> dict[str, Any]:
+    """Send one request to the daemon and return its reply object."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        raise _unavailable(path, exc) from None
+    try:
+        with sock, sock.makefile("rwb") as f:
+            f.write(json.dumps(request).encode() + b"\n")
+            f.flush()
+            line = f.readline(MAX_REQUEST_BYTES)
+    except TimeoutError:
+        raise DaemonUnavailableError(f"b300d did not answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise DaemonUnavailableError(f"lost the connection to b300d: {exc}") from None
+    if not line:
+        raise DaemonUnavailableError("b300d closed the connection without an answer")
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise DaemonUnavailableError("b300d sent a malformed answer")
+    return reply
+
+
+def _unavailable(path: str, exc: OSError) -> DaemonUnavailableError:
+    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+        return DaemonUnavailableError(f"b300d is not running (no daemon at {path})")
+    if isinstance(exc, PermissionError):
+        return DaemonUnavailableError(f"not allowed to talk to b300d at {path}")
+    return DaemonUnavailableError(f"cannot reach b300d at {path}: {exc}")

@@ -1,0 +1,183 @@
+"""``b300ctl``: the operators' command line.
+
+Queries read the state store directly; commands that change something go to
+the running daemon over its control socket, so that only the daemon acts on
+the cluster. Every error is one line on stderr with a meaningful exit code:
+0 ok, 2 wrong input (bad spec/config/argument, unknown run), 3 Slurm refused,
+4 state store unavailable, 5 daemon not reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from sqlalchemy.engine import make_url
+
+from .config import Config, config_path, load_config
+from .control import call_daemon
+from .errors import B300Error, StoreError
+from .interfaces import Store
+from .service import attempt_to_dict, run_to_dict
+from .spec import load_spec_file
+from .store import open_store
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"b300ctl: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Options accepted before or after the command; SUPPRESS keeps a later default
+    # from overwriting an earlier value.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS,
+                        help="config file (default: $B300_CONFIG or /etc/b300/b300.toml)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print JSON instead of tables")
+    ap = _Parser(prog="b300ctl", description="Drive the b300 orchestrator.", parents=[common])
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    p = add("submit", help="submit a training run from a TOML spec")
+    p.add_argument("spec", help="job spec file (TOML)")
+    p = add("status", help="all runs, or one run with its attempts and events")
+    p.add_argument("run", nargs="?", help="run id")
+    p.add_argument("--all", action="store_true", help="include ended runs in the list")
+    p = add("resubmit", help="submit a new attempt of a run")
+    p.add_argument("run", help="run id")
+    p.add_argument("--exclude", action="append", default=[], metavar="NODES",
+                   help="nodes to keep the attempt off (hostlist, e.g. gpu[01-03]); repeatable")
+    p.add_argument("--from-checkpoint", metavar="PATH", help="checkpoint to resume from")
+    p = add("cancel", help="cancel a run's active attempt")
+    p.add_argument("run", help="run id")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.json = getattr(args, "json", False)
+    args.config = getattr(args, "config", None)
+    try:
+        cfg = load_config(config_path(args.config))
+        if args.command == "status":
+            return _status(cfg, args)
+        return _mutate(cfg, args)
+    except B300Error as exc:
+        print(f"b300ctl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _open_store(cfg: Config) -> Store:
+    url = make_url(cfg.database_url)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+        raise StoreError(f"no state store at {url.database} (has b300d been started?)")
+    return open_store(cfg.database_url)
+
+
+def _mutate(cfg: Config, args: argparse.Namespace) -> int:
+    request: dict[str, Any]
+    if args.command == "submit":
+        _spec, text = load_spec_file(args.spec)
+        request = {"op": "submit", "spec_toml": text, "where": args.spec}
+    elif args.command == "resubmit":
+        request = {"op": "resubmit", "run_id": args.run, "exclude": args.exclude,
+                   "resume_from": args.from_checkpoint}
+    else:
+        request = {"op": "cancel", "run_id": args.run}
+    reply = call_daemon(cfg.socket, request)
+    if not reply.get("ok"):
+        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
+        code = reply.get("exit_code", 1)
+        return code if isinstance(code, int) else 1
+    result = reply["result"]
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    run = result["run"]
+    last = result["attempts"][-1] if result["attempts"] else {}
+    verb = {"submit": "submitted", "resubmit": "resubmitted", "cancel": "cancel requested for"}
+    job = f" as Slurm job {last['job_id']}" if last.get("job_id") and args.command != "cancel" else ""
+    print(f"{verb[args.command]} run {run['id']}{job} ({run['state']})")
+    return 0
+
+
+def _status(cfg: Config, args: argparse.Namespace) -> int:
+    store = _open_store(cfg)
+    try:
+        if args.run:
+            return _status_one(store, args.run, args.json)
+        runs = store.list_runs()
+        if not args.all:
+            runs = [r for r in runs if not r.state.is_terminal] or runs[:20]
+        rows = []
+        for run in runs:
+            attempts = store.attempts(run.id)
+            last = attempts[-1] if attempts else None
+            rows.append({**run_to_dict(run), "current": attempt_to_dict(last) if last else None})
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [["RUN", "NAME", "STATE", "ATT", "JOB", "NODES", "UPDATED"]]
+    for r in rows:
+        cur = r["current"] or {}
+        table.append([r["id"], r["name"], r["state"], str(r["attempts"]),
+                      str(cur.get("job_id") or "-"), _nodes(cur.get("nodes") or []),
+                      r["updated_at"][:19].replace("T", " ")])
+    _print_table(table)
+    return 0
+
+
+def _status_one(store: Store, run_id: str, as_json: bool) -> int:
+    run = store.get_run(run_id)
+    attempts = [attempt_to_dict(a) for a in store.attempts(run_id)]
+    events = [{"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor,
+               "attempt_id": e.attempt_id, "data": e.data}
+              for e in store.events(run_id=run_id)]
+    if as_json:
+        print(json.dumps({"run": run_to_dict(run), "attempts": attempts, "events": events},
+                         indent=2))
+        return 0
+    print(f"run      {run.id}\nname     {run.name}\nstate    {run.state.value}\n"
+          f"created  {run.created_at:%Y-%m-%d %H:%M:%S}Z\n")
+    table = [["#", "JOB", "STATE", "EXIT", "NODES", "EXCLUDED", "START", "END", "REASON"]]
+    for a in attempts:
+        code = "-" if a["exit_code"] is None else f"{a['exit_code']}:{a['signal'] or 0}"
+        table.append([str(a["number"]), str(a["job_id"] or "-"), a["state"], code,
+                      _nodes(a["nodes"]), _nodes(a["excluded_nodes"]),
+                      (a["start"] or "-")[:19].replace("T", " "),
+                      (a["end"] or "-")[:19].replace("T", " "), a["reason"] or ""])
+    _print_table(table)
+    print("\nevents:")
+    for e in events[-50:]:
+        detail = " ".join(f"{k}={v}" for k, v in e["data"].items() if v not in (None, "", []))
+        print(f"  {e['ts'][:19].replace('T', ' ')}  {e['kind']:<24} {e['actor']:<8} {detail}")
+    return 0
+
+
+def _nodes(nodes: list[str]) -> str:
+    from .slurm.parse import fold_nodes
+
+    return fold_nodes(nodes) or "-"
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The errors the daemon and b300ctl raise on purpose.
+
+Every one of them carries a one-line message meant for a person; the CLI
+prints it and exits with the error's ``exit_code`` instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class B300Error(Exception):
+    """Base of every error that ends in a one-line message."""
+
+    exit_code = 1
+
+
+class UsageError(B300Error):
+    """Wrong input from a person: bad spec, bad config, bad argument, unknown id."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """A job spec that cannot be used."""
+
+
+class ConfigError(UsageError):
+    """A daemon configuration that cannot be used."""
+
+
+class NotFoundError(UsageError):
+    """A run, attempt or node id that is not known."""
+
+
+class SlurmError(B300Error):
+    """A Slurm command or RPC failed.
+
+    ``transient`` is true when trying again later may work (controller down,
+    timeouts); false when the request itself was refused (bad partition...).
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class StoreError(B300Error):
+    """The state store cannot be reached or used."""
+
+    exit_code = 4
+
+
+class DaemonUnavailableError(B300Error):
+    """b300ctl could not reach the running daemon's control socket."""
+
+    exit_code = 5

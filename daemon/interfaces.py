@@ -1,0 +1,201 @@
+"""The daemon's seams, stated once.
+
+Each protocol's docstring is its contract: what it promises and what it raises.
+Implementations live elsewhere (``b300.slurm.*``, ``b300.store.*``, ``plugins``)
+and are chosen at start-up; nothing here holds state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from .model import (
+    Attempt,
+    AttemptState,
+    Event,
+    JobObservation,
+    NodeObservation,
+    NodeRecord,
+    Run,
+    RunState,
+    SubmitRequest,
+)
+
+
+@runtime_checkable
+class SlurmClient(Protocol):
+    """Talks to one Slurm cluster.
+
+    Every method is one batched request to Slurm (never one per job) and is
+    safe to call from one thread at a time. Failures raise
+    :class:`b300.errors.SlurmError`; ``transient=True`` when the controller or
+    database could not be reached or timed out (the caller must treat what it
+    did not learn as *unknown*, never as a failure of the jobs), ``False``
+    when Slurm refused the request itself.
+    """
+
+    name: str
+
+    def submit(self, request: SubmitRequest) -> int:
+        """Submit one batch job and return its Slurm job id."""
+        ...
+
+    def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
+        """The controller's view (squeue) of these jobs, in one request.
+
+        Jobs the controller no longer knows (ended longer than MinJobAge
+        ago) are absent from the result; absent does not mean failed.
+        """
+        ...
+
+    def accounting(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
+        """The accounting database's view (sacct) of these jobs, in one request.
+
+        Only the allocation line of each job is returned (no steps); ended
+        jobs carry ``exit_code`` and ``signal``. Jobs slurmdbd has not
+        recorded yet are absent.
+        """
+        ...
+
+    def find_by_name(self, job_name: str, since: datetime | None = None) -> list[JobObservation]:
+        """Every job (queued, running or ended) with exactly this job name.
+
+        Used after a crash to learn whether an intended submission reached
+        Slurm. Looks at both the controller and accounting (jobs that
+        started after ``since``, when given).
+        """
+        ...
+
+    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
+        """Cancel a job, or only send it ``signal`` when one is given."""
+        ...
+
+    def nodes(self) -> list[NodeObservation]:
+        """Every node of the cluster with its state and reason (one sinfo call)."""
+        ...
+
+    def drain_node(self, node: str, reason: str) -> None:
+        """Set ``node`` to DRAIN with ``reason`` (shown by ``sinfo -R``)."""
+        ...
+
+    def resume_node(self, node: str) -> None:
+        """Return a drained or down node to service."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append; the store assigns id and timestamp's storage."""
+
+    kind: str
+    run_id: str | None = None
+    attempt_id: int | None = None
+    node: str | None = None
+    actor: str = "daemon"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """The daemon's durable state: runs, their attempts, nodes, and the event log.
+
+    Every mutating method commits before it returns, atomically with the
+    events passed to it, so a state change is never recorded without its event
+    or the other way round. Readers (b300ctl) may use the store while the
+    daemon writes. Unknown ids raise :class:`b300.errors.NotFoundError`; an
+    unreachable or broken database raises :class:`b300.errors.StoreError`.
+    Times are timezone-aware UTC ``datetime`` values supplied by the caller.
+    """
+
+    def create_run(
+        self, run_id: str, name: str, spec_toml: str, now: datetime, events: Sequence[NewEvent] = ()
+    ) -> Run:
+        """Record a new run in state SUBMITTING. A duplicate id raises UsageError."""
+        ...
+
+    def get_run(self, run_id: str) -> Run: ...
+
+    def list_runs(self, states: Iterable[RunState] | None = None) -> list[Run]:
+        """Runs, newest first, optionally only those in ``states``."""
+        ...
+
+    def set_run_state(
+        self, run_id: str, state: RunState, now: datetime, events: Sequence[NewEvent] = ()
+    ) -> Run: ...
+
+    def begin_attempt(
+        self,
+        run_id: str,
+        now: datetime,
+        *,
+        excluded_nodes: Sequence[str] = (),
+        resume_from: str | None = None,
+        events: Sequence[NewEvent] = (),
+    ) -> Attempt:
+        """Record the intent to submit the run's next attempt (state SUBMITTING).
+
+        The attempt's number is one more than the run's last; its ``tag``
+        is ``b300-<run_id>-a<number>`` and is unique. Raises UsageError if
+        the run already has an attempt that is not terminal.
+        """
+        ...
+
+    def confirm_attempt(
+        self, attempt_id: int, slurm_job_id: int, now: datetime, events: Sequence[NewEvent] = ()
+    ) -> Attempt:
+        """Record that the attempt reached Slurm as ``slurm_job_id`` (state PENDING)."""
+        ...
+
+    def update_attempt(
+        self,
+        attempt_id: int,
+        now: datetime,
+        *,
+        state: AttemptState | None = None,
+        nodes: Sequence[str] | None = None,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        events: Sequence[NewEvent] = (),
+    ) -> Attempt:
+        """Change the given fields (``None`` leaves a field as it is)."""
+        ...
+
+    def get_attempt(self, attempt_id: int) -> Attempt: ...
+
+    def attempts(self, run_id: str) -> list[Attempt]:
+        """The run's attempts in order of number."""
+        ...
+
+    def active_attempts(self) -> list[Attempt]:
+        """Every attempt of every run that is not terminal (SUBMITTING included)."""
+        ...
+
+    def append_events(self, events: Sequence[NewEvent], now: datetime) -> list[Event]: ...
+
+    def events(
+        self, *, run_id: str | None = None, after_id: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        """Events in id order, optionally of one run and/or after an id."""
+        ...
+
+    def sync_nodes(
+        self, observed: Sequence[NodeObservation], now: datetime
+    ) -> list[NodeRecord]:
+        """Record the nodes' current state and reason.
+
+        For each node whose state or reason differs from what was stored (or
+        that is new), a ``node.state`` event with the old and new values is
+        appended in the same transaction. Returns the records that changed.
+        """
+        ...
+
+    def list_nodes(self) -> list[NodeRecord]:
+        """Every known node, by name."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,202 @@
+"""The running daemon: the poll schedule, the control socket, and clean stops.
+
+Everything that acts on Slurm or the store (a poll cycle, a b300ctl request)
+runs under one action lock, so b300ctl never races the tracker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from . import __version__
+from .config import Config
+from .control import ControlServer, Peer, is_admin
+from .errors import B300Error, SlurmError, StoreError, UsageError
+from .interfaces import SlurmClient, Store
+from .model import Attempt, Run
+from .runs import RunService
+from .spec import parse_spec
+from .tracker import JobTracker
+
+log = structlog.get_logger(__name__)
+_MUTATING = {"submit", "resubmit", "cancel"}
+
+
+def sd_notify(message: str) -> bool:
+    """Tell systemd (Type=notify) how we are; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(message.encode(), addr)
+        except OSError:
+            return False
+    return True
+
+
+def run_to_dict(run: Run) -> dict[str, Any]:
+    return {"id": run.id, "name": run.name, "state": run.state.value,
+            "created_at": run.created_at.isoformat(), "updated_at": run.updated_at.isoformat(),
+            "attempts": run.attempts_count}
+
+
+def attempt_to_dict(a: Attempt) -> dict[str, Any]:
+    return {"number": a.number, "tag": a.tag, "state": a.state.value, "job_id": a.slurm_job_id,
+            "nodes": list(a.nodes), "excluded_nodes": list(a.excluded_nodes),
+            "resume_from": a.resume_from, "reason": a.reason, "exit_code": a.exit_code,
+            "signal": a.signal, "start": a.start.isoformat() if a.start else None,
+            "end": a.end.isoformat() if a.end else None,
+            "created_at": a.created_at.isoformat()}
+
+
+class Daemon:
+    """Owns the parts for the daemon's lifetime; :meth:`serve` blocks until stopped."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        slurm: SlurmClient,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.slurm = slurm
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self.runs = RunService(store, slurm, self.clock, submit_grace_s=config.submit_grace_s,
+                               job_log_dir=config.job_log_dir)
+        self.tracker = JobTracker(store, slurm, self.runs, self.clock)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._failures = 0
+        self._skip_until = 0.0
+        self._scheduler = BackgroundScheduler(timezone=UTC)
+        self._server: ControlServer | None = None
+        self._watchdog = "WATCHDOG_USEC" in os.environ
+
+    # -- the poll cycle ---------------------------------------------------
+
+    def cycle(self) -> None:
+        """One poll cycle, with exponential back-off while Slurm or the store is down."""
+        if time.monotonic() < self._skip_until:
+            return
+        with self._lock:
+            try:
+                report = self.tracker.poll_once()
+            except (SlurmError, StoreError) as exc:
+                self._failures += 1
+                delay = min(self.config.max_backoff_s,
+                            self.config.poll_interval_s * 2 ** min(self._failures, 16))
+                self._skip_until = time.monotonic() + delay
+                log.warning("cycle.failed", error=str(exc), failures=self._failures,
+                            retry_in_s=round(delay, 1))
+                return
+            except Exception:
+                # A bug must not stop the daemon; it is logged with its traceback.
+                log.exception("cycle.crashed")
+                return
+        if self._failures:
+            log.info("cycle.recovered", after_failures=self._failures)
+        self._failures = 0
+        if self._watchdog:
+            sd_notify("WATCHDOG=1")
+        log.debug("cycle.done", tracked=report.tracked, changed=report.changed,
+                  slurm_calls=report.slurm_calls, wall_s=round(report.wall_s, 3),
+                  errors=report.errors or None)
+
+    def wake(self) -> None:
+        """Run a cycle soon (after a change made through the control socket)."""
+        self._skip_until = 0.0
+        try:
+            self._scheduler.modify_job("poll", next_run_time=datetime.now(UTC))
+        except Exception:  # the scheduler may be shutting down
+            log.debug("wake.skipped")
+
+    # -- control requests -------------------------------------------------
+
+    def handle(self, request: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        op = request["op"]
+        actor = peer.user
+        try:
+            if op == "ping":
+                return {"ok": True, "result": {"pid": os.getpid(), "version": __version__}}
+            if op not in _MUTATING:
+                raise UsageError(f"unknown request {op!r}")
+            if not is_admin(peer, self.config.admin_group):
+                log.warning("control.refused", op=op, user=actor, uid=peer.uid)
+                return {"ok": False, "exit_code": 2,
+                        "error": f"user {actor} may not {op}: not in admin group "
+                                 f"{self.config.admin_group or '(none configured)'}"}
+            with self._lock:
+                result = self._mutate(op, request, actor)
+            self.wake()
+            return {"ok": True, "result": result}
+        except B300Error as exc:
+            return {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
+        except Exception as exc:
+            log.exception("control.crashed", op=op)
+            return {"ok": False, "error": f"internal error: {type(exc).__name__}", "exit_code": 1}
+
+    def _mutate(self, op: str, request: dict[str, Any], actor: str) -> dict[str, Any]:
+        if op == "submit":
+            text = request.get("spec_toml")
+            if not isinstance(text, str):
+                raise UsageError("submit needs spec_toml")
+            spec = parse_spec(text, where=str(request.get("where") or "spec"))
+            run = self.runs.submit(spec, text, actor=actor)
+        else:
+            run_id = request.get("run_id")
+            if not isinstance(run_id, str):
+                raise UsageError(f"{op} needs a run id")
+            if op == "cancel":
+                run = self.runs.cancel(run_id, actor=actor)
+            else:
+                exclude = request.get("exclude") or []
+                resume = request.get("resume_from")
+                if not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude):
+                    raise UsageError("exclude must be a list of node names")
+                if resume is not None and not isinstance(resume, str):
+                    raise UsageError("resume_from must be a path")
+                run = self.runs.resubmit(run_id, actor=actor, exclude=exclude, resume_from=resume)
+        return {"run": run_to_dict(run),
+                "attempts": [attempt_to_dict(a) for a in self.store.attempts(run.id)]}
+
+    # -- lifetime ---------------------------------------------------------
+
+    def serve(self) -> None:
+        """Start the schedule and the socket, then block until :meth:`stop`."""
+        self._server = ControlServer(self.config.socket, self.handle,
+                                     admin_group=self.config.admin_group)
+        self._server.start()
+        self._scheduler.add_job(self.cycle, "interval", id="poll",
+                                seconds=self.config.poll_interval_s, max_instances=1,
+                                coalesce=True, next_run_time=datetime.now(UTC))
+        self._scheduler.start()
+        sd_notify(f"READY=1\nSTATUS=tracking (poll every {self.config.poll_interval_s:g} s)")
+        log.info("daemon.started", version=__version__, pid=os.getpid(),
+                 socket=self.config.socket, slurm=self.slurm.name,
+                 poll_interval_s=self.config.poll_interval_s)
+        self._stop.wait()
+        sd_notify("STOPPING=1")
+        log.info("daemon.stopping")
+        # wait=True: a cycle in progress finishes; its intents are already recorded.
+        self._scheduler.shutdown(wait=True)
+        self._server.stop()
+        self.store.close()
+        log.info("daemon.stopped")
+
+    def stop(self) -> None:
+        self._stop.set()

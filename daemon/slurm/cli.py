@@ -1,0 +1,208 @@
+"""The Slurm client that drives Slurm's own command-line tools.
+
+Every call runs one tool with an argv list (never a shell), a timeout and a
+fixed environment, and hands its output to the pure parsers in
+:mod:`b300.slurm.parse`. Names from users or Slurm only ever travel as
+single argv elements.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import structlog
+
+from ..errors import SlurmError
+from ..model import JobObservation, NodeObservation, SubmitRequest
+from .parse import (
+    SACCT_FIELDS,
+    SINFO_FORMAT,
+    SQUEUE_FORMAT,
+    fold_nodes,
+    parse_sacct,
+    parse_sbatch,
+    parse_sinfo,
+    parse_squeue,
+)
+
+log = structlog.get_logger(__name__)
+
+# stderr phrases of Slurm tools that mean "try again later", not "refused".
+_TRANSIENT = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+    r"Slurm backup controller in standby|Zero Bytes were transmitted|"
+    r"Unable to establish connection|slurmdbd: Connection|Problem talking to the database|"
+    r"Transport endpoint is not connected|Resource temporarily unavailable|"
+    r"Communication connection failure|Protocol authentication error|Munge",
+    re.IGNORECASE,
+)
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+class CliSlurmClient:
+    """:class:`b300.interfaces.SlurmClient` over sbatch/squeue/sacct/sinfo/scontrol/scancel.
+
+    ``slurm_conf`` sets ``SLURM_CONF`` for the tools; ``bin_dir`` is where
+    they are (default: ``PATH``). ``calls`` counts tool runs by name, which
+    the benchmarks read to report Slurm calls per poll cycle.
+    """
+
+    name = "cli"
+
+    def __init__(
+        self,
+        *,
+        slurm_conf: str | None = None,
+        bin_dir: str | None = None,
+        timeout: float = 30.0,
+        runner: Runner = subprocess.run,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        base = dict(os.environ if env is None else env)
+        if slurm_conf:
+            base["SLURM_CONF"] = slurm_conf
+        # Slurm tools print times in this format when told; keep it fixed.
+        base["SLURM_TIME_FORMAT"] = "standard"
+        base.setdefault("LC_ALL", "C")
+        self._env = base
+        self._bin_dir = bin_dir
+        self._timeout = timeout
+        self._run = runner
+        self.calls: dict[str, int] = {}
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _tool(self, name: str) -> str:
+        return str(Path(self._bin_dir) / name) if self._bin_dir else name
+
+    def _call(self, argv: Sequence[str], *, stdin: str | None = None, ok_codes: tuple[int, ...] = (0,)) -> str:
+        tool = argv[0]
+        self.calls[tool] = self.calls.get(tool, 0) + 1
+        try:
+            proc = self._run(
+                [self._tool(tool), *argv[1:]],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self._timeout,
+                env=self._env,
+                check=False,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+            )
+        except FileNotFoundError:
+            raise SlurmError(f"{tool} not found (is Slurm installed and on PATH?)", transient=False) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{tool} timed out after {self._timeout:.0f} s", transient=True) from None
+        except OSError as exc:
+            raise SlurmError(f"{tool} could not run: {exc}", transient=True) from None
+        if proc.returncode not in ok_codes:
+            err = " ".join((proc.stderr or proc.stdout or "").split())[:300]
+            raise SlurmError(
+                f"{tool} failed (exit {proc.returncode}): {err or 'no message'}",
+                transient=bool(_TRANSIENT.search(err)) or proc.returncode < 0,
+            )
+        return proc.stdout
+
+    # -- SlurmClient ------------------------------------------------------
+
+    def submit(self, request: SubmitRequest) -> int:
+        argv = ["sbatch", "--parsable", f"--job-name={request.job_name}",
+                f"--comment={request.comment}", f"--nodes={request.nodes}"]
+        if request.ntasks_per_node:
+            argv.append(f"--ntasks-per-node={request.ntasks_per_node}")
+        if request.gpus_per_node:
+            argv.append(f"--gpus-per-node={request.gpus_per_node}")
+        for opt, value in (("--partition", request.partition), ("--time", request.time_limit),
+                           ("--account", request.account), ("--qos", request.qos),
+                           ("--output", request.output), ("--chdir", request.workdir)):
+            if value:
+                argv.append(f"{opt}={value}")
+        if request.excluded_nodes:
+            argv.append(f"--exclude={fold_nodes(request.excluded_nodes)}")
+        argv.append("--requeue" if request.requeue else "--no-requeue")
+        # The script comes on stdin: nothing is written to a shared folder.
+        return parse_sbatch(self._call(argv, stdin=request.script))
+
+    def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
+        if not job_ids:
+            return {}
+        ids = ",".join(str(int(j)) for j in sorted(set(job_ids)))
+        argv = ["squeue", "--noheader", "--states=all", f"--jobs={ids}", f"--format={SQUEUE_FORMAT}"]
+        try:
+            out = self._call(argv)
+        except SlurmError as exc:
+            # squeue refuses a list whose every id has left the controller.
+            if "Invalid job id" in str(exc):
+                return {}
+            raise
+        records, bad = parse_squeue(out)
+        if bad:
+            log.warning("slurm.unparsed_lines", tool="squeue", count=len(bad), first=bad[0][:200])
+        wanted = set(job_ids)
+        return {j: o for j, o in records.items() if j in wanted}
+
+    def accounting(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
+        if not job_ids:
+            return {}
+        ids = ",".join(str(int(j)) for j in sorted(set(job_ids)))
+        out = self._call(["sacct", "--allocations", "--noheader", "--parsable2",
+                          f"--jobs={ids}", f"--format={SACCT_FIELDS}"])
+        records, bad = parse_sacct(out)
+        if bad:
+            log.warning("slurm.unparsed_lines", tool="sacct", count=len(bad), first=bad[0][:200])
+        return records
+
+    def find_by_name(self, job_name: str, since: datetime | None = None) -> list[JobObservation]:
+        found: dict[int, JobObservation] = {}
+        out = self._call(["squeue", "--noheader", "--states=all", f"--name={job_name}",
+                          f"--format={SQUEUE_FORMAT}"])
+        found.update(parse_squeue(out)[0])
+        start = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S") if since else "2000-01-01T00:00:00"
+        out = self._call(["sacct", "--allocations", "--noheader", "--parsable2",
+                          f"--name={job_name}", f"--starttime={start}", f"--format={SACCT_FIELDS}"])
+        for jid, obs in parse_sacct(out)[0].items():
+            found.setdefault(jid, obs)
+        return [o for o in sorted(found.values(), key=lambda o: o.job_id) if o.name == job_name]
+
+    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
+        argv = ["scancel"]
+        if signal:
+            if not re.fullmatch(r"[A-Z0-9]{1,10}", signal):
+                raise SlurmError(f"bad signal name {signal!r}", transient=False)
+            argv.append(f"--signal={signal}")
+        if batch_only:
+            argv.append("--batch")
+        argv.append(str(int(job_id)))
+        self._call(argv)
+
+    def nodes(self) -> list[NodeObservation]:
+        out = self._call(["sinfo", "--noheader", "--Node", f"--format={SINFO_FORMAT}"])
+        nodes, bad = parse_sinfo(out)
+        if bad:
+            log.warning("slurm.unparsed_lines", tool="sinfo", count=len(bad), first=bad[0][:200])
+        return nodes
+
+    def drain_node(self, node: str, reason: str) -> None:
+        self._call(["scontrol", "update", f"NodeName={_node(node)}", "State=DRAIN",
+                    f"Reason={_reason(reason)}"])
+
+    def resume_node(self, node: str) -> None:
+        self._call(["scontrol", "update", f"NodeName={_node(node)}", "State=RESUME"])
+
+
+def _node(node: str) -> str:
+    if not _NODE_NAME_RE.fullmatch(node):
+        raise SlurmError(f"bad node name {node!r}", transient=False)
+    return node
+
+
+def _reason(reason: str) -> str:
+    # Slurm keeps reasons on one line; keep them short enough for sinfo -R.
+    return " ".join(reason.split())[:200] or "b300"

@@ -1,0 +1,76 @@
+"""Render the batch script and sbatch request for one attempt of a run (pure)."""
+
+from __future__ import annotations
+
+import shlex
+
+from ..model import SubmitRequest
+from ..spec import JobSpec
+
+RESUME_PLACEHOLDER = "{resume_from}"
+
+
+def attempt_tag(run_id: str, number: int) -> str:
+    """The Slurm job name of an attempt: unique, and how a crash finds it again."""
+    return f"b300-{run_id}-a{number}"
+
+
+def render_script(
+    spec: JobSpec, *, run_id: str, attempt: int, resume_from: str | None
+) -> str:
+    """The batch script for one attempt.
+
+    The spec's command is the job's own shell code and runs inside the job
+    as the user wrote it; everything the daemon puts into the script is a
+    quoted word, so no value from a spec or from Slurm becomes code.
+    ``{resume_from}`` in the command becomes the quoted checkpoint path
+    (an empty word when starting fresh); ``$B300_RESUME_FROM`` carries the
+    same path.
+    """
+    resume = resume_from or ""
+    lines = [
+        "#!/bin/bash",
+        f"# b300-orchestrator: run {run_id}, attempt {attempt}",
+        f"export B300_RUN_ID={shlex.quote(run_id)}",
+        f"export B300_ATTEMPT={attempt}",
+        f"export B300_RESUME_FROM={shlex.quote(resume)}",
+    ]
+    if spec.checkpoint.dir:
+        lines.append(f"export B300_CHECKPOINT_DIR={shlex.quote(spec.checkpoint.dir)}")
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
+    command = spec.command.replace(RESUME_PLACEHOLDER, shlex.quote(resume))
+    lines += ["", command.rstrip("\n"), ""]
+    return "\n".join(lines)
+
+
+def build_request(
+    spec: JobSpec,
+    *,
+    run_id: str,
+    attempt: int,
+    resume_from: str | None = None,
+    excluded_nodes: tuple[str, ...] = (),
+    log_dir: str | None = None,
+) -> SubmitRequest:
+    """Everything sbatch needs for this attempt.
+
+    Without an ``output`` in the spec, the job's log goes to
+    ``<log_dir>/<job name>-<job id>.out``, where the daemon can read it.
+    """
+    output = spec.output or (f"{log_dir.rstrip('/')}/%x-%j.out" if log_dir else None)
+    return SubmitRequest(
+        job_name=attempt_tag(run_id, attempt),
+        comment=f"b300 run={run_id} attempt={attempt} name={spec.name}",
+        script=render_script(spec, run_id=run_id, attempt=attempt, resume_from=resume_from),
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        partition=spec.partition,
+        time_limit=spec.time_limit,
+        account=spec.account,
+        qos=spec.qos,
+        excluded_nodes=tuple(sorted(excluded_nodes)),
+        output=output,
+        workdir=spec.workdir,
+        ntasks_per_node=spec.ntasks_per_node,
+        requeue=spec.requeue,
+    )

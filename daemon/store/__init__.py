@@ -1,0 +1,166 @@
+"""The daemon's durable state (:class:`b300.interfaces.Store`) on SQLite or PostgreSQL.
+
+:func:`open_store` is the way in: it builds the engine (SQLite pragmas and
+locking, PostgreSQL timeouts), migrates the database to the newest schema
+and returns a :class:`SqlStore`. Table classes never leave this package.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.util.exc import CommandError
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from ..errors import ConfigError, StoreError
+from .sql_store import WRITE_OPTION, SqlStore, masked, store_errors
+
+__all__ = ["SqlStore", "open_store"]
+
+# How long a writer waits for SQLite's lock before failing with "database is locked".
+_SQLITE_BUSY_TIMEOUT_S = 10
+_PG_CONNECT_TIMEOUT_S = 10
+_LIBPQ_DRIVERS = ("psycopg", "psycopg2")
+# pg_advisory_xact_lock key serializing migrations ("b300" in ASCII, then 1).
+_MIGRATION_LOCK = 0x62333030_0001
+
+
+def open_store(url: str) -> SqlStore:
+    """Open the store at ``url``, migrated to the newest schema.
+
+    ``url`` is a SQLAlchemy URL: ``sqlite:////var/lib/b300/state.db`` (the
+    directory is created if missing) or
+    ``postgresql+psycopg://user@host:5432/db``. Safe to call from several
+    processes at once. Raises ConfigError for a URL that cannot be used and
+    StoreError when the database cannot be reached or migrated.
+    """
+    engine = _create_engine(url)
+    try:
+        _migrate(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return SqlStore(engine)
+
+
+def _create_engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError:
+        # The message would echo the URL, password included.
+        raise ConfigError("state store URL is not a valid database URL") from None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            return _create_sqlite_engine(parsed)
+        connect_args: dict[str, Any] = {}
+        if parsed.get_driver_name() in _LIBPQ_DRIVERS and "connect_timeout" not in parsed.query:
+            # libpq otherwise waits for the OS TCP timeout (minutes) on a dead host.
+            connect_args["connect_timeout"] = _PG_CONNECT_TIMEOUT_S
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+    except (sa_exc.NoSuchModuleError, ImportError) as exc:
+        raise ConfigError(f"state store URL {masked(parsed)} cannot be used: {exc}") from None
+
+
+def _create_sqlite_engine(url: URL) -> Engine:
+    database = url.database or ""
+    if database in ("", ":memory:") or url.query.get("mode") == "memory":
+        raise ConfigError(
+            "an in-memory SQLite store cannot be shared by the daemon and b300ctl;"
+            " give a file path (sqlite:////var/lib/b300/state.db)"
+        )
+    if not url.query.get("uri"):
+        try:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the state store's directory: {exc}") from exc
+    engine = sa.create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S})
+    sa.event.listen(engine, "connect", _on_sqlite_connect)
+    sa.event.listen(engine, "begin", _on_sqlite_begin)
+    return engine
+
+
+def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Take BEGIN away from pysqlite's legacy transaction control (which
+    # starts transactions late, as readers, and fails when they must become
+    # writers); _on_sqlite_begin emits it instead.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_S * 1000}")
+        _enable_wal(cursor)
+        # NORMAL is durable against process crashes in WAL mode, and cheap.
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the database to WAL, so that b300ctl can read while the daemon writes.
+
+    The mode is stored in the file, so this is a read after the first time.
+    Switching needs an exclusive lock for which SQLite does not call the busy
+    handler: openers racing on a new file get "database is locked" at once,
+    so they wait here instead, as busy_timeout would.
+    """
+    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+            if mode.lower() != "wal":
+                # Answers the old mode where WAL is impossible (some network
+                # file systems); the store still works there, only readers wait.
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _on_sqlite_begin(connection: Connection) -> None:
+    # A write transaction takes the write lock at BEGIN, waiting up to
+    # busy_timeout for it; a deferred one that later writes cannot wait (its
+    # snapshot may be stale) and fails at once with "database is locked".
+    if connection.get_execution_options().get(WRITE_OPTION):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        connection.exec_driver_sql("BEGIN")
+
+
+def _migration_config() -> Config:
+    # The installed b300.sql package (not a path in a source tree), so this
+    # works from editable and regular installs alike; both are real directories.
+    script_dir = str(files("b300.sql"))
+    config = Config()
+    # ConfigParser interpolates '%' in option values.
+    config.set_main_option("script_location", script_dir.replace("%", "%%"))
+    return config
+
+
+def _migrate(engine: Engine) -> None:
+    """Upgrade the schema to head, in one transaction that other openers wait for."""
+    config = _migration_config()
+    with store_errors(engine.url):
+        try:
+            with engine.execution_options(**{WRITE_OPTION: True}).begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    # Released at commit; a second opener then finds head applied.
+                    connection.execute(
+                        sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK}
+                    )
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+        except CommandError as exc:
+            # E.g. a database migrated by a newer b300 whose revision we lack.
+            raise StoreError(
+                f"cannot migrate the state store ({masked(engine.url)}): {exc}"
+            ) from exc

@@ -1,0 +1,477 @@
+"""The state store on SQLite or PostgreSQL, through SQLModel/SQLAlchemy sessions.
+
+:class:`SqlStore` implements :class:`b300.interfaces.Store`; the table rows of
+:mod:`b300.store.tables` never leave this module, callers get the frozen
+records of :mod:`b300.model`. Engines are built and migrated by
+:func:`b300.store.open_store`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from types import TracebackType
+from typing import Self
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Engine
+from sqlmodel import Session, col, func, select
+
+from ..errors import NotFoundError, StoreError, UsageError
+from ..interfaces import NewEvent
+from ..model import Attempt, AttemptState, Event, NodeObservation, NodeRecord, Run, RunState
+from .tables import (
+    AttemptRow,
+    EventRow,
+    NodeRow,
+    RunRow,
+    join_nodes,
+    to_attempt,
+    to_event,
+    to_node,
+    to_run,
+)
+
+_RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# pg_advisory_xact_lock key serializing event inserts ("b300" in ASCII, then 2).
+_EVENT_LOCK = 0x62333030_0002
+#: Execution option marking write transactions (on SQLite they BEGIN IMMEDIATE).
+WRITE_OPTION = "b300_write"
+_ACTIVE_STATES = [s.value for s in AttemptState if not s.is_terminal]
+
+
+class SqlStore:
+    """:class:`b300.interfaces.Store` on a SQLAlchemy engine (see that contract).
+
+    Built by :func:`open_store`. Thread-safe: every call runs in its own
+    session and transaction. Beyond the protocol it has :attr:`url` (password
+    hidden) and can be used as a context manager that closes it.
+
+    Where the contract is silent: events passed to a run-, attempt- or
+    node-scoped method get that run/attempt/node filled in when they leave
+    it ``None`` (``begin_attempt``'s events cannot know the new attempt's id);
+    ``events(run_id=...)`` of a run with no events is ``[]``, not an error.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._url = engine.url
+
+    @property
+    def url(self) -> str:
+        """The database URL with its password masked, for messages and logs."""
+        return self._url.render_as_string(hide_password=True)
+
+    # -- runs ---------------------------------------------------------------
+
+    def create_run(
+        self, run_id: str, name: str, spec_toml: str, now: datetime, events: Sequence[NewEvent] = ()
+    ) -> Run:
+        """Record a new run in state SUBMITTING.
+
+        Raises UsageError for a duplicate id or one not matching
+        ``^[a-z0-9][a-z0-9-]{0,62}$`` (it ends up in Slurm job names and paths).
+        """
+        if not _RUN_ID.fullmatch(run_id):
+            raise UsageError(
+                f"invalid run id {run_id!r}: use 1-63 lowercase letters, digits and '-',"
+                " starting with a letter or digit"
+            )
+        _require_aware(now)
+        with self._write() as session:
+            if session.get(RunRow, run_id) is not None:
+                raise UsageError(f"run '{run_id}' already exists")
+            row = RunRow(
+                id=run_id,
+                name=name,
+                spec_toml=spec_toml,
+                state=RunState.SUBMITTING.value,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+            # Backstop for two creators racing on PostgreSQL.
+            _flush_or(session, UsageError(f"run '{run_id}' already exists"))
+            self._add_events(session, events, now, run_id=run_id)
+            return to_run(row, 0)
+
+    def get_run(self, run_id: str) -> Run:
+        with self._read() as session:
+            row = _get_run_row(session, run_id)
+            return to_run(row, _attempt_counts(session, run_id).get(run_id, 0))
+
+    def list_runs(self, states: Iterable[RunState] | None = None) -> list[Run]:
+        """Runs, newest first (ties by id), optionally only those in ``states``."""
+        query = select(RunRow)
+        if states is not None:
+            query = query.where(col(RunRow.state).in_([RunState(s).value for s in states]))
+        query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.id).desc())
+        with self._read() as session:
+            rows = session.exec(query).all()
+            counts = _attempt_counts(session)
+            return [to_run(row, counts.get(row.id, 0)) for row in rows]
+
+    def set_run_state(
+        self, run_id: str, state: RunState, now: datetime, events: Sequence[NewEvent] = ()
+    ) -> Run:
+        """Set the run's state (any transition; the store does not judge them)."""
+        _require_aware(now)
+        with self._write() as session:
+            row = _get_run_row(session, run_id)
+            row.state = RunState(state).value
+            row.updated_at = now
+            session.flush()
+            self._add_events(session, events, now, run_id=run_id)
+            return to_run(row, _attempt_counts(session, run_id).get(run_id, 0))
+
+    # -- attempts -----------------------------------------------------------
+
+    def begin_attempt(
+        self,
+        run_id: str,
+        now: datetime,
+        *,
+        excluded_nodes: Sequence[str] = (),
+        resume_from: str | None = None,
+        events: Sequence[NewEvent] = (),
+    ) -> Attempt:
+        """Record the intent to submit the run's next attempt (state SUBMITTING).
+
+        Numbered one more than the run's last, tagged ``b300-<run_id>-a<n>``.
+        Raises UsageError while the run has a non-terminal attempt, also when
+        two callers race: the run row is locked first (``FOR UPDATE`` on
+        PostgreSQL; SQLite write transactions are ``BEGIN IMMEDIATE``), and the
+        unique (run_id, number) constraint backs that up.
+        """
+        _require_aware(now)
+        excluded = join_nodes(excluded_nodes)
+        with self._write() as session:
+            _get_run_row(session, run_id, for_update=True)
+            active = session.exec(
+                select(AttemptRow)
+                .where(col(AttemptRow.run_id) == run_id)
+                .where(col(AttemptRow.state).in_(_ACTIVE_STATES))
+                .order_by(col(AttemptRow.number))
+                .limit(1)
+            ).first()
+            if active is not None:
+                raise UsageError(
+                    f"run '{run_id}' already has attempt {active.number} in state {active.state}"
+                )
+            last = session.exec(
+                select(func.max(AttemptRow.number)).where(col(AttemptRow.run_id) == run_id)
+            ).one()
+            number = (last or 0) + 1
+            row = AttemptRow(
+                run_id=run_id,
+                number=number,
+                tag=f"b300-{run_id}-a{number}",
+                state=AttemptState.SUBMITTING.value,
+                excluded_nodes=excluded,
+                resume_from=resume_from,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+            _flush_or(session, UsageError(f"run '{run_id}' had another attempt begun meanwhile"))
+            self._add_events(session, events, now, run_id=run_id, attempt_id=row.id)
+            return to_attempt(row)
+
+    def confirm_attempt(
+        self, attempt_id: int, slurm_job_id: int, now: datetime, events: Sequence[NewEvent] = ()
+    ) -> Attempt:
+        """Record that the attempt reached Slurm as ``slurm_job_id`` (state PENDING).
+
+        Only a SUBMITTING attempt can be confirmed (UsageError otherwise), so a
+        second sbatch for the same intent cannot overwrite the first job id.
+        """
+        _require_aware(now)
+        with self._write() as session:
+            row = _get_attempt_row(session, attempt_id)
+            if row.state != AttemptState.SUBMITTING.value:
+                raise UsageError(
+                    f"attempt {attempt_id} ({row.tag}) is {row.state}, not SUBMITTING;"
+                    " it cannot be confirmed"
+                )
+            row.slurm_job_id = slurm_job_id
+            row.state = AttemptState.PENDING.value
+            row.updated_at = now
+            session.flush()
+            self._add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
+            return to_attempt(row)
+
+    def update_attempt(
+        self,
+        attempt_id: int,
+        now: datetime,
+        *,
+        state: AttemptState | None = None,
+        nodes: Sequence[str] | None = None,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        events: Sequence[NewEvent] = (),
+    ) -> Attempt:
+        """Change the given fields (``None`` leaves a field as it is); ``updated_at`` = now."""
+        _require_aware(now, start, end)
+        joined_nodes = None if nodes is None else join_nodes(nodes)
+        with self._write() as session:
+            row = _get_attempt_row(session, attempt_id)
+            if state is not None:
+                row.state = AttemptState(state).value
+            if joined_nodes is not None:
+                row.nodes = joined_nodes
+            if reason is not None:
+                row.reason = reason
+            if exit_code is not None:
+                row.exit_code = exit_code
+            if signal is not None:
+                row.signal = signal
+            if start is not None:
+                row.started_at = start
+            if end is not None:
+                row.ended_at = end
+            row.updated_at = now
+            session.flush()
+            self._add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
+            return to_attempt(row)
+
+    def get_attempt(self, attempt_id: int) -> Attempt:
+        with self._read() as session:
+            return to_attempt(_get_attempt_row(session, attempt_id))
+
+    def attempts(self, run_id: str) -> list[Attempt]:
+        """The run's attempts in order of number (NotFoundError for an unknown run)."""
+        with self._read() as session:
+            _get_run_row(session, run_id)
+            rows = session.exec(
+                select(AttemptRow)
+                .where(col(AttemptRow.run_id) == run_id)
+                .order_by(col(AttemptRow.number))
+            ).all()
+            return [to_attempt(row) for row in rows]
+
+    def active_attempts(self) -> list[Attempt]:
+        """Every non-terminal attempt of every run (SUBMITTING included), by id."""
+        with self._read() as session:
+            rows = session.exec(
+                select(AttemptRow)
+                .where(col(AttemptRow.state).in_(_ACTIVE_STATES))
+                .order_by(col(AttemptRow.id))
+            ).all()
+            return [to_attempt(row) for row in rows]
+
+    # -- events -------------------------------------------------------------
+
+    def append_events(self, events: Sequence[NewEvent], now: datetime) -> list[Event]:
+        """Append ``events`` (all or none) stamped ``now``; returned in the order given."""
+        _require_aware(now)
+        if not events:
+            return []
+        with self._write() as session:
+            return [to_event(row) for row in self._add_events(session, events, now)]
+
+    def events(
+        self, *, run_id: str | None = None, after_id: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        """Events with id > ``after_id`` in id order, optionally of one run, at most ``limit``.
+
+        Ids are committed in increasing order, so paging with the last id seen
+        never skips an event.
+        """
+        query = select(EventRow).where(col(EventRow.id) > after_id)
+        if run_id is not None:
+            query = query.where(col(EventRow.run_id) == run_id)
+        query = query.order_by(col(EventRow.id))
+        if limit is not None:
+            query = query.limit(max(limit, 0))
+        with self._read() as session:
+            return [to_event(row) for row in session.exec(query).all()]
+
+    # -- nodes --------------------------------------------------------------
+
+    def sync_nodes(self, observed: Sequence[NodeObservation], now: datetime) -> list[NodeRecord]:
+        """Record the nodes' current state and reason; return those that changed, by name.
+
+        Each new or changed node gets a ``node.state`` event whose data holds
+        ``state``/``reason`` and the previous ``old_state``/``old_reason``
+        (``None`` for a new node). ``updated_at`` is when the state last
+        changed, so an unchanged node costs no write. Nodes absent from
+        ``observed`` are left as they are.
+        """
+        _require_aware(now)
+        latest = {obs.name: obs for obs in observed}  # the last report of a name wins
+        with self._write() as session:
+            known = {row.name: row for row in session.exec(select(NodeRow)).all()}
+            changed: list[NodeRow] = []
+            events: list[NewEvent] = []
+            for name in sorted(latest):
+                obs, row = latest[name], known.get(name)
+                if row is not None and (row.state, row.reason) == (obs.state, obs.reason):
+                    continue
+                events.append(
+                    NewEvent(
+                        kind="node.state",
+                        node=name,
+                        data={
+                            "old_state": None if row is None else row.state,
+                            "old_reason": None if row is None else row.reason,
+                            "state": obs.state,
+                            "reason": obs.reason,
+                        },
+                    )
+                )
+                if row is None:
+                    row = NodeRow(name=name, state=obs.state, reason=obs.reason, updated_at=now)
+                    session.add(row)
+                else:
+                    row.state, row.reason, row.updated_at = obs.state, obs.reason, now
+                changed.append(row)
+            session.flush()
+            self._add_events(session, events, now)
+            return [to_node(row) for row in changed]
+
+    def list_nodes(self) -> list[NodeRecord]:
+        """Every known node, by name."""
+        with self._read() as session:
+            rows = session.exec(select(NodeRow).order_by(col(NodeRow.name))).all()
+            return [to_node(row) for row in rows]
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every pooled connection; the store must not be used afterwards."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A session in one write transaction, committed on success."""
+        with store_errors(self._url), Session(self._writer) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """A session for reading; its transaction is rolled back on exit."""
+        with store_errors(self._url), Session(self._engine) as session:
+            yield session
+
+    def _add_events(
+        self,
+        session: Session,
+        events: Sequence[NewEvent],
+        now: datetime,
+        *,
+        run_id: str | None = None,
+        attempt_id: int | None = None,
+    ) -> list[EventRow]:
+        if not events:
+            return []
+        if session.get_bind().dialect.name == "postgresql":
+            # Sequence values are handed out at INSERT but become visible at
+            # COMMIT, so concurrent writers could commit id 7 after a reader
+            # paging with after_id saw 8. Holding this lock to commit keeps
+            # ids visible in order. It is taken after every row lock, last.
+            session.connection().execute(
+                sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENT_LOCK}
+            )
+        rows = [
+            EventRow(
+                ts=now,
+                kind=ev.kind,
+                run_id=ev.run_id if ev.run_id is not None else run_id,
+                attempt_id=ev.attempt_id if ev.attempt_id is not None else attempt_id,
+                node=ev.node,
+                actor=ev.actor,
+                data=json.dumps(ev.data, sort_keys=True),
+            )
+            for ev in events
+        ]
+        session.add_all(rows)
+        session.flush()
+        return rows
+
+
+# -- row access ----------------------------------------------------------------
+
+
+def _get_run_row(session: Session, run_id: str, *, for_update: bool = False) -> RunRow:
+    row = session.get(RunRow, run_id, with_for_update=for_update or None)
+    if row is None:
+        raise NotFoundError(f"unknown run '{run_id}'")
+    return row
+
+
+def _get_attempt_row(session: Session, attempt_id: int) -> AttemptRow:
+    row = session.get(AttemptRow, attempt_id)
+    if row is None:
+        raise NotFoundError(f"unknown attempt {attempt_id}")
+    return row
+
+
+def _attempt_counts(session: Session, run_id: str | None = None) -> dict[str, int]:
+    query = select(AttemptRow.run_id, func.count()).group_by(col(AttemptRow.run_id))
+    if run_id is not None:
+        query = query.where(col(AttemptRow.run_id) == run_id)
+    return {rid: count for rid, count in session.exec(query).all()}
+
+
+def _require_aware(*times: datetime | None) -> None:
+    # A naive time is no instant at all; storing it as UTC would shift it silently.
+    for value in times:
+        if value is not None and value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()} given to the store; use UTC")
+
+
+def _flush_or(session: Session, error: UsageError) -> None:
+    try:
+        session.flush()
+    except sa_exc.IntegrityError as exc:
+        raise error from exc
+
+
+# -- database errors -----------------------------------------------------------
+
+
+@contextmanager
+def store_errors(url: URL) -> Iterator[None]:
+    """Turn database failures into a one-line StoreError naming the (masked) URL."""
+    try:
+        yield
+    except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError) as exc:
+        raise StoreError(f"state store unavailable ({masked(url)}): {_reason(exc, url)}") from exc
+    except sa_exc.DBAPIError as exc:
+        raise StoreError(f"state store error ({masked(url)}): {_reason(exc, url)}") from exc
+
+
+def masked(url: URL) -> str:
+    """The URL as text with its password replaced by ***."""
+    return url.render_as_string(hide_password=True)
+
+
+def _reason(exc: BaseException, url: URL) -> str:
+    """The first line of the driver's message, without the password if it echoes it."""
+    text = str(getattr(exc, "orig", None) or exc)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    if url.password:
+        line = line.replace(str(url.password), "***")
+    return line[:300]

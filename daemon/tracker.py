@@ -1,0 +1,134 @@
+"""The poll cycle: observe every tracked job in one batch, record what changed.
+
+One cycle costs one ``squeue`` for all tracked jobs, one ``sacct`` only for
+the jobs that ended or left the controller, and one ``sinfo`` for the nodes,
+however many jobs are tracked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import structlog
+
+from .errors import SlurmError
+from .interfaces import NewEvent, SlurmClient, Store
+from .model import Attempt, AttemptState, JobObservation
+from .runs import RunService
+from .tracking import observe_attempt, run_state_for
+
+log = structlog.get_logger(__name__)
+Clock = Callable[[], datetime]
+
+
+@dataclass(slots=True)
+class CycleReport:
+    """What one poll cycle did; the benchmarks and ``--once`` print it."""
+
+    tracked: int = 0
+    changed: int = 0
+    slurm_calls: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class JobTracker:
+    """Runs poll cycles. Not thread-safe: the daemon calls it under its action lock."""
+
+    def __init__(
+        self,
+        store: Store,
+        slurm: SlurmClient,
+        runs: RunService,
+        clock: Clock,
+        *,
+        accounting_grace_s: float = 60.0,
+        track_nodes: bool = True,
+    ) -> None:
+        self._store = store
+        self._slurm = slurm
+        self._runs = runs
+        self._clock = clock
+        self._grace = accounting_grace_s
+        self._track_nodes = track_nodes
+        # attempt id -> when the controller first said it ended without sacct knowing it
+        self._terminal_since: dict[int, datetime] = {}
+
+    def poll_once(self) -> CycleReport:
+        """One cycle. Raises SlurmError if the controller could not be asked at all."""
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        calls0 = sum(getattr(self._slurm, "calls", {}).values())
+        report = CycleReport()
+        active = self._store.active_attempts()
+        for attempt in (a for a in active if a.state is AttemptState.SUBMITTING):
+            try:
+                self._runs.resolve_intent(attempt)
+            except SlurmError as exc:
+                report.errors.append(f"resolve {attempt.tag}: {exc}")
+        tracked = {a.slurm_job_id: a for a in self._store.active_attempts()
+                   if a.slurm_job_id is not None}
+        report.tracked = len(tracked)
+        if tracked:
+            live = self._slurm.jobs(list(tracked))
+            ended = [j for j in tracked if j not in live or live[j].state.is_terminal]
+            accounted: dict[int, JobObservation] = {}
+            if ended:
+                try:
+                    accounted = self._slurm.accounting(ended)
+                except SlurmError as exc:
+                    # slurmdbd down: what it would have said stays unknown this cycle.
+                    report.errors.append(f"sacct: {exc}")
+            now = self._clock()
+            for job_id, attempt in tracked.items():
+                if self._apply(attempt, live.get(job_id), accounted.get(job_id), now):
+                    report.changed += 1
+        if self._track_nodes:
+            try:
+                self._store.sync_nodes(self._slurm.nodes(), self._clock())
+            except SlurmError as exc:
+                report.errors.append(f"sinfo: {exc}")
+        report.slurm_calls = sum(getattr(self._slurm, "calls", {}).values()) - calls0
+        report.cpu_s = time.process_time() - cpu0
+        report.wall_s = time.monotonic() - wall0
+        return report
+
+    def _apply(
+        self, attempt: Attempt, live: JobObservation | None, accounted: JobObservation | None,
+        now: datetime,
+    ) -> bool:
+        # A job id Slurm reused (controller state lost, or accounting rows from an
+        # earlier cluster) is another job: only a record with our tag is ours.
+        if live is not None and live.name != attempt.tag:
+            live = None
+        if accounted is not None and accounted.name != attempt.tag:
+            accounted = None
+        if live is not None and live.state.is_terminal and (
+            accounted is None or not accounted.state.is_terminal
+        ):
+            self._terminal_since.setdefault(attempt.id, now)
+        change = observe_attempt(
+            attempt, live, accounted, terminal_since=self._terminal_since.get(attempt.id),
+            now=now, accounting_grace_s=self._grace,
+        )
+        if change is None:
+            return False
+        updated = self._store.update_attempt(
+            attempt.id, now, state=change.state, nodes=change.nodes, reason=change.reason,
+            exit_code=change.exit_code, signal=change.signal, start=change.start, end=change.end,
+            events=[change.event] if change.event else (),
+        )
+        if updated.state.is_terminal:
+            self._terminal_since.pop(attempt.id, None)
+        run = self._store.get_run(attempt.run_id)
+        state = run_state_for(updated)
+        if run.state != state:
+            self._store.set_run_state(run.id, state, now, events=[NewEvent(
+                "run.state", run_id=run.id, attempt_id=attempt.id,
+                data={"from": run.state.value, "to": state.value})])
+        log.info("attempt.changed", run=attempt.run_id, job_id=attempt.slurm_job_id,
+                 state=updated.state.value, nodes=",".join(updated.nodes))
+        return True

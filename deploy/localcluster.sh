@@ -1,0 +1,656 @@
+#!/usr/bin/env bash
+# A real multi-node Slurm cluster on this one machine, for tests and the demo.
+#
+#   localcluster.sh up | down | status | env | restart-node NODE | kill-node NODE
+#
+# Everything (config, logs, spool, state, pid files) lives in
+# ${B300_CLUSTER_DIR:-/var/tmp/b300-cluster}; nothing is written to /etc/slurm.
+# Clients find the cluster through SLURM_CONF (see `localcluster.sh env`).
+#
+# Environment knobs:
+#   B300_CLUSTER_DIR   state dir (default /var/tmp/b300-cluster)
+#   B300_NODES         number of nodes gpu01..gpuNN (default 4, max 99)
+#   B300_FAKE_GPUS     1: every node has GRES gpu:8 without devices (default), 0: no GRES
+#   B300_MIN_JOB_AGE   slurm.conf MinJobAge (default 300)
+#   B300_MAX_JOB_COUNT slurm.conf MaxJobCount (default 30000)
+#   B300_DB_HOST/B300_DB_PORT/B300_DB_USER/B300_DB_PASS  MariaDB for slurmdbd
+#                      (default 127.0.0.1 / 3306 / root / empty)
+# Changing a knob changes the generated config; the next `up` restarts the daemons.
+set -euo pipefail
+umask 022
+
+readonly PROG=localcluster
+readonly CLUSTER_NAME=b300local
+readonly CTLD_PORT=16817
+readonly DBD_PORT=16819
+readonly SLURMD_PORT_BASE=16901      # gpu01 -> 16901, gpu02 -> 16902, ...
+readonly DB_NAME=b300_slurm_acct
+readonly SANE_PATH=/usr/sbin:/usr/bin:/sbin:/bin
+
+DIR=${B300_CLUSTER_DIR:-/var/tmp/b300-cluster}
+NODES=${B300_NODES:-4}
+FAKE_GPUS=${B300_FAKE_GPUS:-1}
+MIN_JOB_AGE=${B300_MIN_JOB_AGE:-300}
+MAX_JOB_COUNT=${B300_MAX_JOB_COUNT:-30000}
+DB_HOST=${B300_DB_HOST:-127.0.0.1}
+DB_PORT=${B300_DB_PORT:-3306}
+DB_USER=${B300_DB_USER:-root}
+DB_PASS=${B300_DB_PASS:-}
+
+log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------- validation
+[[ $DIR == /* && $DIR =~ ^[A-Za-z0-9._/-]+$ && $DIR != / ]] ||
+  die "B300_CLUSTER_DIR must be an absolute path of [A-Za-z0-9._/-] (got '$DIR')"
+DIR=${DIR%/}
+[[ $NODES =~ ^[0-9]{1,2}$ ]] && (( 10#$NODES >= 1 )) || die "B300_NODES must be 1..99 (got '$NODES')"
+NODES=$((10#$NODES))
+[[ $FAKE_GPUS == 0 || $FAKE_GPUS == 1 ]] || die "B300_FAKE_GPUS must be 0 or 1"
+[[ $MIN_JOB_AGE =~ ^[0-9]{1,7}$ ]] || die "B300_MIN_JOB_AGE must be a number of seconds"
+[[ $DB_HOST =~ ^[A-Za-z0-9._:-]+$ ]] || die "bad B300_DB_HOST"
+[[ $DB_PORT =~ ^[0-9]{1,5}$ ]] || die "bad B300_DB_PORT"
+[[ $DB_USER =~ ^[A-Za-z0-9._-]+$ ]] || die "bad B300_DB_USER"
+[[ $DB_PASS != *$'\n'* ]] || die "bad B300_DB_PASS"
+
+readonly ETC=$DIR/etc LOGDIR=$DIR/log RUN=$DIR/run STATE=$DIR/state SPOOL=$DIR/spool
+readonly CONF=$ETC/slurm.conf DBD_CONF=$ETC/slurmdbd.conf GRES_CONF=$ETC/gres.conf
+export SLURM_CONF=$CONF
+export PATH=$SANE_PATH:$PATH
+
+node_name() { printf 'gpu%02d' "$1"; }
+ALL_NODES=()
+for ((i = 1; i <= NODES; i++)); do ALL_NODES+=("$(node_name "$i")"); done
+NODELIST="gpu[01-$(printf '%02d' "$NODES")]"
+((NODES > 1)) || NODELIST=gpu01
+
+node_port() { echo $((SLURMD_PORT_BASE + 10#${1#gpu} - 1)); }
+
+validate_node() {
+  local n=${1-}
+  [[ $n =~ ^gpu[0-9]{2}$ ]] || die "bad node name '${n}' (expected gpuNN)"
+  local x
+  for x in "${ALL_NODES[@]}"; do [[ $x == "$n" ]] && return 0; done
+  die "no node '$n' in this cluster (nodes: $NODELIST)"
+}
+
+need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
+
+# ---------------------------------------------------------------- processes
+# All identification is exact: by the process name plus the config path in its
+# command line (slurmctld, slurmd) or in its environment (slurmdbd has no -f;
+# slurmstepd inherits the marker variables we start slurmd with).
+comm_of() { local c=""; { read -r c <"/proc/$1/comm"; } 2>/dev/null || true; echo "$c"; }
+
+args_have() { # pid, arg1, arg2: true if the command line holds arg1 immediately followed by arg2
+  local pid=$1 a=$2 b=$3 args i
+  mapfile -d '' -t args <"/proc/$pid/cmdline" 2>/dev/null || return 1
+  for ((i = 0; i + 1 < ${#args[@]}; i++)); do
+    [[ ${args[i]} == "$a" && ${args[i + 1]} == "$b" ]] && return 0
+  done
+  return 1
+}
+
+env_has() { grep -qzxF -- "$2" "/proc/$1/environ" 2>/dev/null; }
+
+is_ours() { # pid kind [node]
+  local pid=$1 kind=$2 node=${3-} comm
+  [[ $pid =~ ^[0-9]+$ ]] && alive "$pid" || return 1
+  comm=$(comm_of "$pid")
+  case $kind in
+    slurmctld) [[ $comm =~ ^slurmctld(-wlm)?$ ]] && args_have "$pid" -f "$CONF" ;;
+    slurmd)
+      [[ $comm =~ ^slurmd(-wlm)?$ ]] && args_have "$pid" -f "$CONF" &&
+        { [[ -z $node ]] || args_have "$pid" -N "$node"; } ;;
+    slurmdbd) [[ $comm == slurmdbd ]] && env_has "$pid" "SLURM_CONF=$CONF" ;;
+    slurmstepd)
+      [[ $comm =~ ^slurmstepd ]] && env_has "$pid" "B300_LC_CONF=$CONF" &&
+        { [[ -z $node ]] || env_has "$pid" "B300_LC_NODE=$node"; } ;;
+    *) return 1 ;;
+  esac
+}
+
+find_pids() { # kind [node] -> our pids, one per line
+  local kind=$1 node=${2-} pat pid
+  case $kind in
+    slurmctld) pat='^slurmctld(-wlm)?$' ;;
+    slurmd) pat='^slurmd(-wlm)?$' ;;
+    slurmdbd) pat='^slurmdbd$' ;;
+    slurmstepd) pat='^slurmstepd' ;;
+  esac
+  local f c
+  for f in /proc/[0-9]*/comm; do # a bash scan: much cheaper than forking pgrep
+    { read -r c <"$f"; } 2>/dev/null || continue
+    [[ $c =~ $pat ]] || continue
+    pid=${f#/proc/}
+    pid=${pid%/comm}
+    is_ours "$pid" "$kind" "$node" && echo "$pid"
+  done
+  return 0
+}
+
+first_pid() { find_pids "$@" | head -n1; }
+
+descendants() { # pids... -> the pids and all their descendants
+  local -A kids=()
+  local pid ppid p c
+  while read -r pid ppid; do kids[$ppid]+=" $pid"; done < <(ps -e -o pid=,ppid=)
+  local -a queue=("$@")
+  local -A seen=()
+  while ((${#queue[@]})); do
+    p=${queue[0]}
+    queue=("${queue[@]:1}")
+    [[ -n ${seen[$p]-} ]] && continue
+    seen[$p]=1
+    echo "$p"
+    for c in ${kids[$p]-}; do queue+=("$c"); done
+  done
+}
+
+# Job processes of a node that escaped the process tree (setsid/daemonized).
+job_procs_of_node() { # node
+  local node=$1 pid
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    env_has "$pid" "SLURMD_NODENAME=$node" 2>/dev/null &&
+      env_has "$pid" "SLURM_CLUSTER_NAME=$CLUSTER_NAME" && echo "$pid"
+  done
+  return 0
+}
+
+alive() { # pid: exists and is not a zombie (our PID 1 may reap late)
+  local line st
+  { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 1
+  st=${line##*) }
+  st=${st%% *}
+  [[ -n $st && $st != Z && $st != X ]]
+}
+
+stop_pids() { # signal-gracefully, wait, then SIGKILL; args: label pids...
+  local label=$1
+  shift
+  (($#)) || return 0
+  log "stopping $label (pid $*)"
+  kill -TERM "$@" 2>/dev/null || true
+  local deadline=$((SECONDS + 15)) p alive
+  while ((SECONDS < deadline)); do
+    alive=()
+    for p in "$@"; do alive "$p" && alive+=("$p"); done
+    ((${#alive[@]})) || return 0
+    sleep 0.3
+  done
+  log "$label did not stop in 15 s, sending SIGKILL"
+  kill -KILL "${alive[@]}" 2>/dev/null || true
+}
+
+kill_hard() { # stop then kill pids atomically-ish (no reparenting races); args: pids...
+  (($#)) || return 0
+  kill -STOP "$@" 2>/dev/null || true
+  kill -KILL "$@" 2>/dev/null || true
+  kill -CONT "$@" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------- ports
+port_pids() { # port -> pids listening on it (TCP)
+  ss -Hltnp "( sport = :$1 )" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u
+}
+
+port_busy() { [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]]; }
+
+check_port_free() { # port label kind [node]
+  local port=$1 label=$2 kind=$3 node=${4-} pid owners
+  port_busy "$port" || return 0
+  owners=$(port_pids "$port" | xargs)
+  for pid in $owners; do
+    is_ours "$pid" "$kind" "$node" && return 0
+  done
+  local who=""
+  for pid in $owners; do who+=" [pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-120)]"; done
+  die "port $port (for $label) is already in use by another process:${who:- (unknown)}. Free the port first."
+}
+
+# ---------------------------------------------------------------- config
+gen_slurm_conf() {
+  local n gres=""
+  ((FAKE_GPUS)) && gres=" Gres=gpu:8"
+  cat <<EOF
+# Generated by deploy/localcluster.sh; edits are overwritten on the next 'up'.
+ClusterName=$CLUSTER_NAME
+SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT_BASE
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$STATE
+SlurmdSpoolDir=$SPOOL/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$LOGDIR/slurmctld.log
+SlurmdLogFile=$LOGDIR/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig=$ETC/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=20
+MessageTimeout=10
+KillWait=5
+UnkillableStepTimeout=30
+InactiveLimit=0
+Waittime=0
+MinJobAge=$MIN_JOB_AGE
+# The tracking benchmark queues 10,000 held jobs; the default cap is exactly 10,000.
+MaxJobCount=$MAX_JOB_COUNT
+MpiDefault=none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+EOF
+  if ((FAKE_GPUS)); then
+    echo "AccountingStorageTRES=gres/gpu"
+    echo "GresTypes=gpu"
+  fi
+  for n in "${ALL_NODES[@]}"; do
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(node_port "$n") CPUs=2 RealMemory=2000${gres} State=UNKNOWN"
+  done
+  echo "PartitionName=batch Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP"
+}
+
+# Slurm 22.05's gres/gpu drops GPUs that have no File= ("Removing file-less GPU"), so
+# each fake GPU is a character device node with /dev/null's numbers (1:3) in $DIR/dev.
+gen_gres_conf() {
+  echo "# Generated by deploy/localcluster.sh: fake GPUs ($DIR/dev/gpuN are /dev/null clones)."
+  echo "AutoDetect=off"
+  echo "NodeName=$NODELIST Name=gpu File=$DIR/dev/gpu[0-7]"
+}
+
+make_fake_gpu_devices() {
+  local i f
+  mkdir -p "$DIR/dev"
+  for i in 0 1 2 3 4 5 6 7; do
+    f=$DIR/dev/gpu$i
+    [[ -c $f ]] && continue
+    rm -f "$f"
+    # A regular file also works, slurmd then only logs "not a valid character device".
+    mknod -m 666 "$f" c 1 3 2>/dev/null || : >"$f"
+  done
+}
+
+gen_dbd_conf() {
+  cat <<EOF
+# Generated by deploy/localcluster.sh; edits are overwritten on the next 'up'.
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+DebugLevel=info
+LogFile=$LOGDIR/slurmdbd.log
+PidFile=$RUN/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=$DB_HOST
+StoragePort=$DB_PORT
+StorageUser=$DB_USER
+StorageLoc=$DB_NAME
+EOF
+  [[ -z $DB_PASS ]] || echo "StoragePass=$DB_PASS"
+}
+
+write_if_changed() { # file mode content -> returns 0 if changed
+  local file=$1 mode=$2 content=$3 tmp
+  if [[ -f $file ]] && [[ $(<"$file") == "$content" ]]; then
+    chmod "$mode" "$file"
+    return 1
+  fi
+  tmp=$(mktemp "$file.XXXXXX")
+  chmod "$mode" "$tmp"
+  printf '%s\n' "$content" >"$tmp"
+  mv -f "$tmp" "$file"
+  return 0
+}
+
+# Writes the config files; sets SLURM_CHANGED/DBD_CHANGED.
+write_configs() {
+  mkdir -p "$ETC" "$LOGDIR" "$RUN" "$STATE" "$SPOOL"
+  chmod 755 "$DIR" "$ETC" "$LOGDIR" "$RUN" "$SPOOL"
+  chmod 700 "$STATE"
+  local n
+  for n in "${ALL_NODES[@]}"; do mkdir -p "$SPOOL/$n"; done
+  [[ -f $ETC/plugstack.conf ]] || : >"$ETC/plugstack.conf"
+  SLURM_CHANGED=0 DBD_CHANGED=0
+  write_if_changed "$CONF" 644 "$(gen_slurm_conf)" && SLURM_CHANGED=1
+  if ((FAKE_GPUS)); then
+    make_fake_gpu_devices
+    write_if_changed "$GRES_CONF" 644 "$(gen_gres_conf)" && SLURM_CHANGED=1
+  elif [[ -e $GRES_CONF ]]; then
+    rm -f "$GRES_CONF"
+    SLURM_CHANGED=1
+  fi
+  write_if_changed "$DBD_CONF" 600 "$(gen_dbd_conf)" && DBD_CHANGED=1
+  return 0
+}
+
+# ---------------------------------------------------------------- helpers
+tail_log() { # file
+  local f=$1
+  if [[ -f $f ]]; then
+    log "last lines of $f:"
+    tail -n 25 "$f" | sed 's/^/    /' >&2
+  else
+    log "(no log file $f)"
+  fi
+}
+
+fail_with_log() { # message logfile...
+  local msg=$1 f
+  shift
+  log "ERROR: $msg"
+  for f in "$@"; do tail_log "$f"; done
+  exit 1
+}
+
+run_daemon() { # start a Slurm daemon with a clean environment plus our markers
+  env -i PATH="$SANE_PATH" HOME=/root LANG=C.UTF-8 \
+    SLURM_CONF="$CONF" B300_LC_CONF="$CONF" "$@" </dev/null >>"$LOGDIR/daemon-start.log" 2>&1 9>&-
+}
+
+ctld_up() { timeout 8 scontrol ping 2>/dev/null | grep -q 'is UP'; }
+sacct_ok() { timeout 15 sacct -n -X -P -S now-1hours -o jobid >/dev/null 2>&1 </dev/null; }
+
+node_states() { # -> "node state" lines (sinfo long states, '*' = not responding)
+  timeout 10 sinfo -h -N -p batch -o '%N %T' 2>/dev/null | sort -u
+}
+
+healthy_state() { [[ $1 =~ ^(idle|allocated|mixed|completing|planned|reserved)$ ]]; }
+
+all_nodes_healthy() {
+  local out n s count=0
+  out=$(node_states) || return 1
+  while read -r n s; do
+    [[ -n $n ]] || continue
+    healthy_state "$s" || return 1
+    count=$((count + 1))
+  done <<<"$out"
+  ((count == NODES))
+}
+
+munge_ok() { timeout 5 munge -n 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1; }
+
+# ---------------------------------------------------------------- munge
+ensure_munge() {
+  if munge_ok; then return 0; fi
+  if [[ ! -s /etc/munge/munge.key ]]; then
+    log "creating /etc/munge/munge.key"
+    mkdir -p /etc/munge
+    timeout 30 mungekey -c -k /etc/munge/munge.key
+  fi
+  chown munge:munge /etc/munge/munge.key
+  chmod 0400 /etc/munge/munge.key
+  mkdir -p /run/munge /var/lib/munge /var/log/munge
+  chown munge:munge /run/munge /var/lib/munge /var/log/munge
+  chmod 0755 /run/munge
+  local p running=""
+  for p in $(pgrep -x munged || true); do alive "$p" && running=1; done
+  if [[ -z $running ]]; then
+    log "starting munged"
+    timeout 15 runuser -u munge -- /usr/sbin/munged --force </dev/null >/dev/null 2>&1 9>&- ||
+      fail_with_log "munged failed to start" /var/log/munge/munged.log
+  fi
+  local deadline=$((SECONDS + 10))
+  until munge_ok; do
+    ((SECONDS < deadline)) || fail_with_log "munge does not work (munge -n | unmunge)" /var/log/munge/munged.log
+    sleep 0.3
+  done
+}
+
+# ---------------------------------------------------------------- slurmdbd
+ensure_dbd() {
+  if [[ -z $(first_pid slurmdbd) ]]; then
+    check_port_free "$DBD_PORT" slurmdbd slurmdbd
+    log "starting slurmdbd (port $DBD_PORT, MariaDB $DB_HOST:$DB_PORT db $DB_NAME)"
+    run_daemon /usr/sbin/slurmdbd || fail_with_log "slurmdbd failed to start" "$LOGDIR/slurmdbd.log" "$LOGDIR/daemon-start.log"
+  fi
+  local deadline=$((SECONDS + 60)) clusters
+  until clusters=$(timeout 10 sacctmgr -n -P show cluster format=cluster </dev/null 2>/dev/null); do
+    [[ -n $(first_pid slurmdbd) ]] || fail_with_log "slurmdbd exited" "$LOGDIR/slurmdbd.log"
+    ((SECONDS < deadline)) || fail_with_log "slurmdbd does not answer after 60 s" "$LOGDIR/slurmdbd.log"
+    sleep 0.5
+  done
+  if ! grep -qx "$CLUSTER_NAME" <<<"$clusters"; then
+    log "registering cluster $CLUSTER_NAME in slurmdbd"
+    timeout 20 sacctmgr -i add cluster "$CLUSTER_NAME" </dev/null >/dev/null ||
+      fail_with_log "sacctmgr add cluster failed" "$LOGDIR/slurmdbd.log"
+  fi
+}
+
+# ---------------------------------------------------------------- slurmctld
+ensure_ctld() {
+  if [[ -z $(first_pid slurmctld) ]]; then
+    check_port_free "$CTLD_PORT" slurmctld slurmctld
+    log "starting slurmctld (port $CTLD_PORT)"
+    run_daemon /usr/sbin/slurmctld -f "$CONF" ||
+      fail_with_log "slurmctld failed to start" "$LOGDIR/slurmctld.log" "$LOGDIR/daemon-start.log"
+  fi
+  local deadline=$((SECONDS + 30))
+  until ctld_up; do
+    [[ -n $(first_pid slurmctld) ]] || fail_with_log "slurmctld exited" "$LOGDIR/slurmctld.log"
+    ((SECONDS < deadline)) || fail_with_log "slurmctld does not answer after 30 s" "$LOGDIR/slurmctld.log"
+    sleep 0.3
+  done
+}
+
+# ---------------------------------------------------------------- slurmd
+start_slurmd() { # node (validated)
+  local node=$1
+  [[ -z $(first_pid slurmd "$node") ]] || return 0
+  check_port_free "$(node_port "$node")" "slurmd $node" slurmd "$node"
+  mkdir -p "$SPOOL/$node"
+  log "starting slurmd $node (port $(node_port "$node"))"
+  run_daemon env B300_LC_NODE="$node" /usr/sbin/slurmd -f "$CONF" -N "$node" ||
+    fail_with_log "slurmd $node failed to start" "$LOGDIR/slurmd-$node.log" "$LOGDIR/daemon-start.log"
+}
+
+wait_slurmd_alive() { # node: bounded wait until the process exists and listens
+  local node=$1 deadline=$((SECONDS + 15))
+  until [[ -n $(first_pid slurmd "$node") ]] && port_busy "$(node_port "$node")"; do
+    ((SECONDS < deadline)) || fail_with_log "slurmd $node did not come up" "$LOGDIR/slurmd-$node.log"
+    sleep 0.2
+  done
+}
+
+# Wait until every node responds; resume nodes left DOWN/DRAIN by earlier tests.
+settle_nodes() {
+  local deadline=$((SECONDS + 60)) out n s resumed
+  local -A done_resume=()
+  while :; do
+    out=$(node_states || true)
+    if all_nodes_healthy; then return 0; fi
+    while read -r n s; do
+      [[ -n $n && $n =~ ^gpu[0-9]{2}$ ]] || continue
+      healthy_state "$s" && continue
+      [[ $s == *'*' ]] && continue # not responding yet: wait for registration
+      if [[ $s =~ (down|drain|fail|inval) && -z ${done_resume[$n]-} ]]; then
+        log "resuming node $n (was $s)"
+        timeout 10 scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+        done_resume[$n]=1
+      fi
+    done <<<"$out"
+    if ((SECONDS >= deadline)); then
+      log "ERROR: nodes not all healthy after 60 s:"
+      printf '%s\n' "$out" | sed 's/^/    /' >&2
+      timeout 10 scontrol show node -o 2>/dev/null | grep -o 'NodeName=[^ ]*\|Reason=.*' | sed 's/^/    /' >&2 || true
+      tail_log "$LOGDIR/slurmctld.log"
+      exit 1
+    fi
+    sleep 1
+  done
+}
+
+# ---------------------------------------------------------------- stop
+stop_slurm_daemons() { # [keep-jobs]; without it also kills our nodes' slurmstepd and job processes
+  local keep_jobs=${1-} pids
+  pids=$(find_pids slurmctld | xargs)
+  # shellcheck disable=SC2086
+  [[ -z $pids ]] || stop_pids slurmctld $pids
+  pids=$(find_pids slurmd | xargs)
+  # shellcheck disable=SC2086
+  [[ -z $pids ]] || stop_pids slurmd $pids
+  pids=$(find_pids slurmstepd | xargs)
+  if [[ -n $pids && -z $keep_jobs ]]; then
+    # shellcheck disable=SC2086
+    pids=$(descendants $pids | xargs)
+    log "killing leftover slurmstepd and job processes (pid $pids)"
+    # shellcheck disable=SC2086
+    kill_hard $pids
+  fi
+  rm -f "$RUN/slurmctld.pid" "$RUN"/slurmd-*.pid
+}
+
+stop_dbd() {
+  local pids
+  pids=$(find_pids slurmdbd | xargs)
+  # shellcheck disable=SC2086
+  [[ -z $pids ]] || stop_pids slurmdbd $pids
+  rm -f "$RUN/slurmdbd.pid"
+}
+
+# ---------------------------------------------------------------- commands
+with_lock() {
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.lock"
+  flock -w 180 9 || die "another localcluster.sh is running on $DIR (lock $DIR/.lock)"
+}
+
+cmd_up() {
+  need_root
+  with_lock
+  local t0=$SECONDS
+  write_configs
+  if ((SLURM_CHANGED)) && [[ -n $(find_pids slurmctld)$(find_pids slurmd) ]]; then
+    log "slurm.conf/gres.conf changed: restarting slurmctld and slurmd (running jobs are kept)"
+    stop_slurm_daemons keep-jobs
+  fi
+  if ((DBD_CHANGED)) && [[ -n $(find_pids slurmdbd) ]]; then
+    log "slurmdbd.conf changed: restarting slurmdbd"
+    stop_dbd
+  fi
+  # Fail before starting anything if a port we need is held by a foreign process.
+  [[ -n $(first_pid slurmdbd) ]] || check_port_free "$DBD_PORT" slurmdbd slurmdbd
+  [[ -n $(first_pid slurmctld) ]] || check_port_free "$CTLD_PORT" slurmctld slurmctld
+  local n
+  for n in "${ALL_NODES[@]}"; do
+    [[ -n $(first_pid slurmd "$n") ]] || check_port_free "$(node_port "$n")" "slurmd $n" slurmd "$n"
+  done
+  ensure_munge
+  ensure_dbd
+  ensure_ctld
+  for n in "${ALL_NODES[@]}"; do start_slurmd "$n"; done
+  for n in "${ALL_NODES[@]}"; do wait_slurmd_alive "$n"; done
+  settle_nodes
+  local deadline=$((SECONDS + 30))
+  until sacct_ok; do
+    ((SECONDS < deadline)) || fail_with_log "sacct does not work" "$LOGDIR/slurmdbd.log" "$LOGDIR/slurmctld.log"
+    sleep 1
+  done
+  log "cluster $CLUSTER_NAME up: $NODES nodes $NODELIST$( ((FAKE_GPUS)) && echo ', gpu:8 each (fake)'), ready in $((SECONDS - t0)) s"
+  echo "export SLURM_CONF=$CONF"
+}
+
+cmd_down() {
+  need_root
+  with_lock
+  stop_slurm_daemons
+  stop_dbd
+  log "cluster $CLUSTER_NAME down (munged left running)"
+}
+
+cmd_status() {
+  local rc=0 p n
+  if munge_ok; then log "munged: ok (pid $(pgrep -x munged | xargs))"; else log "munged: NOT working"; rc=1; fi
+  p=$(find_pids slurmdbd | xargs)
+  if [[ -n $p ]]; then log "slurmdbd: pid $p"; else log "slurmdbd: not running"; rc=1; fi
+  p=$(find_pids slurmctld | xargs)
+  if [[ -n $p ]]; then log "slurmctld: pid $p"; else log "slurmctld: not running"; rc=1; fi
+  for n in "${ALL_NODES[@]}"; do
+    p=$(find_pids slurmd "$n" | xargs)
+    if [[ -n $p ]]; then log "slurmd $n: pid $p"; else log "slurmd $n: not running"; rc=1; fi
+  done
+  if [[ -f $CONF ]] && ctld_up; then
+    timeout 10 sinfo -N -o '%N %9P %T %G %E' 2>&1 || rc=1
+    all_nodes_healthy || rc=1
+    sacct_ok || { log "sacct: NOT working"; rc=1; }
+  else
+    log "slurmctld does not answer"
+    rc=1
+  fi
+  echo "export SLURM_CONF=$CONF"
+  return "$rc"
+}
+
+cmd_env() { echo "export SLURM_CONF=$CONF"; }
+
+cmd_kill_node() { # node (validated)
+  local node=$1 slurmd_pids stepd_pids all
+  need_root
+  slurmd_pids=$(find_pids slurmd "$node" | xargs)
+  stepd_pids=$(find_pids slurmstepd "$node" | xargs)
+  # shellcheck disable=SC2086
+  all=$( { descendants $slurmd_pids $stepd_pids; job_procs_of_node "$node"; } | sort -un | xargs)
+  if [[ -z $all ]]; then
+    log "node $node: nothing running (slurmd already dead)"
+    return 0
+  fi
+  # shellcheck disable=SC2086
+  kill_hard $all
+  log "node $node crashed: killed -9 slurmd (${slurmd_pids:-none}), slurmstepd (${stepd_pids:-none}) and job processes (pids $all)"
+  log "slurmctld marks it DOWN after SlurmdTimeout=20 s (+ up to ~20 s ping interval); bring it back with: $0 restart-node $node"
+}
+
+cmd_restart_node() { # node (validated)
+  local node=$1
+  need_root
+  [[ -f $CONF ]] || die "no config at $CONF: run '$0 up' first"
+  with_lock
+  ctld_up || die "slurmctld is not running: run '$0 up'"
+  start_slurmd "$node"
+  wait_slurmd_alive "$node"
+  # Wait (bounded) until slurmctld sees it respond again (ReturnToService=2 returns a
+  # node that was DOWN for not responding to service on registration).
+  local deadline=$((SECONDS + 30)) s=""
+  while ((SECONDS < deadline)); do
+    s=$(timeout 10 sinfo -h -N -n "$node" -o '%T' 2>/dev/null | head -n1 || true)
+    healthy_state "$s" && { log "node $node is back ($s)"; return 0; }
+    sleep 1
+  done
+  log "slurmd $node runs, but slurmctld reports the node as '$s' (use 'up' to resume DOWN/DRAIN nodes)"
+  return 0
+}
+
+usage() {
+  echo "usage: $0 {up|down|status|env|restart-node NODE|kill-node NODE}" >&2
+  exit 2
+}
+
+main() {
+  local cmd=${1-}
+  case $cmd in
+    up) (($# == 1)) || usage; cmd_up ;;
+    down) (($# == 1)) || usage; cmd_down ;;
+    status) (($# == 1)) || usage; cmd_status ;;
+    env) (($# == 1)) || usage; cmd_env ;;
+    kill-node) (($# == 2)) || usage; validate_node "$2"; cmd_kill_node "$2" ;;
+    restart-node) (($# == 2)) || usage; validate_node "$2"; cmd_restart_node "$2" ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,1 @@
+"""Built-in plugins. They register through entry points exactly as third-party ones do."""

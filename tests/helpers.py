@@ -1,0 +1,178 @@
+"""Helpers for the live tests: drive a real b300d and real Slurm tools.
+
+Nothing of the project's own code is faked here: the daemon runs as its own
+process (``python -m b300.daemon_main``), b300ctl as another, and both talk
+to the Slurm cluster that ``deploy/localcluster.sh`` brings up on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "deploy" / "localcluster.sh"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def slurm_cmd(conf: str, *argv: str) -> str:
+    env = {**os.environ, "SLURM_CONF": conf, "SLURM_TIME_FORMAT": "standard"}
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, env=env, timeout=60, check=True
+    ).stdout
+
+
+@dataclass
+class DaemonHandle:
+    """A running b300d plus helpers to drive it the way an operator would."""
+
+    config: Path
+    state_dir: Path
+    slurm_conf: str
+    database_url: str
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(default_factory=Path)
+
+    def start(self, extra_env: dict[str, str] | None = None) -> None:
+        assert self.proc is None or self.proc.poll() is not None
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "b300.daemon_main", "--config", str(self.config)],
+                env={**self.env, **(extra_env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(lambda: self.ping() or self.proc.poll() is not None, 60, "b300d to answer")
+        if self.proc.poll() is not None:
+            pytest.fail(f"b300d exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+
+    def ping(self) -> bool:
+        from b300.control import call_daemon
+        from b300.errors import DaemonUnavailableError
+
+        try:
+            return bool(
+                call_daemon(str(self.state_dir / "b300d.sock"), {"op": "ping"}, timeout=5).get("ok")
+            )
+        except DaemonUnavailableError:
+            return False
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+    def ctl_raw(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "b300.ctl", "--config", str(self.config), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            check=False,
+        )
+
+    def ctl(self, *args: str) -> Any:
+        """Run b300ctl with --json, insist on success, return the parsed output."""
+        proc = self.ctl_raw("--json", *args)
+        assert proc.returncode == 0, f"b300ctl {args} -> {proc.returncode}: {proc.stderr}"
+        return json.loads(proc.stdout)
+
+    def submit(self, spec_path: Path) -> str:
+        return str(self.ctl("submit", str(spec_path))["run"]["id"])
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        return dict(self.ctl("status", run_id))
+
+    def wait_run(self, run_id: str, states: set[str], timeout: float = 120) -> dict[str, Any]:
+        return dict(
+            wait_for(
+                lambda: (r := self.run(run_id))["run"]["state"] in states and r,
+                timeout,
+                f"run {run_id} to reach {states}",
+            )
+        )
+
+
+def write_spec(path: Path, name: str, command: str, nodes: int = 1, **job: Any) -> Path:
+    lines = [
+        f"name = {json.dumps(name)}",
+        "[job]",
+        f"command = {json.dumps(command)}",
+        f"nodes = {nodes}",
+        "gpus_per_node = 0",
+    ]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in job.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def make_daemon(
+    tmp_path: Path, slurm_conf: str, database_url: str | None = None, **daemon_opts: Any
+) -> DaemonHandle:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    url = database_url or f"sqlite:///{state}/state.db"
+    opts = {
+        "poll_interval": "0.5s",
+        "submit_grace": "3s",
+        "log_format": "json",
+        "log_level": "debug",
+        **daemon_opts,
+    }
+    cfg = tmp_path / "b300.toml"
+    cfg.write_text(
+        "[daemon]\n"
+        + f"state_dir = {json.dumps(str(state))}\n"
+        + f"database_url = {json.dumps(url)}\n"
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in opts.items())
+        + '[slurm]\nbackend = "cli"\n'
+        + f"conf = {json.dumps(slurm_conf)}\n"
+    )
+    env = {**os.environ, "SLURM_CONF": slurm_conf}
+    env.pop("B300_CRASH_AT", None)
+    return DaemonHandle(
+        config=cfg,
+        state_dir=state,
+        slurm_conf=slurm_conf,
+        database_url=url,
+        env=env,
+        log=tmp_path / "b300d.log",
+    )
+
+
+def cancel_test_jobs(slurm_conf: str, handle: DaemonHandle) -> None:
+    """Cancel whatever the test left in the queue under the daemon's run ids."""
+    out = slurm_cmd(slurm_conf, "squeue", "--noheader", "--format=%i|%j")
+    from b300.store import open_store
+
+    store = open_store(handle.database_url)
+    try:
+        tags = {a.tag for r in store.list_runs() for a in store.attempts(r.id)}
+    finally:
+        store.close()
+    ids = [line.split("|")[0] for line in out.splitlines() if line.split("|")[-1] in tags]
+    if ids:
+        slurm_cmd(slurm_conf, "scancel", *ids)

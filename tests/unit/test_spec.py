@@ -1,0 +1,106 @@
+"""Job specs: valid ones load, every kind of wrong one is one clear SpecError line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from b300.errors import SpecError
+from b300.spec import dump_spec, load_spec_file, parse_spec
+
+GOOD = """
+name = "llama-405b"
+[job]
+command = "srun python train.py --resume {resume_from}"
+nodes = 2
+gpus_per_node = 8
+partition = "batch"
+time_limit = "2-00:00:00"
+[job.environment]
+NCCL_DEBUG = "WARN"
+[checkpoint]
+dir = "/lustre/ckpt/llama"
+layout = "dcp"
+interval = "90m"
+[retries]
+infra = 5
+retryable_exit_codes = [134, 1]
+"""
+
+
+def test_good_spec() -> None:
+    spec = parse_spec(GOOD)
+    assert spec.name == "llama-405b" and spec.nodes == 2 and spec.gpus_per_node == 8
+    assert spec.checkpoint.interval_s == 5400 and spec.checkpoint.layout == "dcp"
+    assert spec.retries.retryable_exit_codes == (1, 134)
+    assert spec.environment == (("NCCL_DEBUG", "WARN"),)
+    assert parse_spec(dump_spec(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name = 'x'\n[job]\nnodes = 1\n", "give exactly one of command or script"),
+        ("name = 'x'\n[job]\ncommand = 'a'\n", "nodes is missing"),
+        ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 'two'\n", "nodes must be an integer"),
+        ("name = 'x'\n[job]\ncommand = 'a'\nnodes = true\n", "nodes must be an integer"),
+        ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 0\n", "nodes must be >= 1"),
+        ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\nnodez = 2\n", "unknown key 'nodez'"),
+        ("name = 'x y'\n[job]\ncommand = 'a'\nnodes = 1\n", "is not a valid name"),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\npartition = 'a;rm -rf /'\n",
+            "is not a Slurm partition name",
+        ),
+        ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\ntime_limit = 'soon'\n", "time limit"),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[job.environment]\nSLURM_X = 'a'\n",
+            "reserved prefix",
+        ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\nlayout = 'zip'\n",
+            "layout 'zip'",
+        ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\ninterval = '-1h'\n",
+            "duration",
+        ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[retries]\nretryable_exit_codes = [0]\n",
+            "retryable_exit_codes",
+        ),
+        ("name = 'x\n", "not valid TOML"),
+        ("[job]\ncommand = 'a'\nnodes = 1\n", "name is missing"),
+    ],
+)
+def test_bad_specs_are_one_line(text: str, message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(text, where="s.toml")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).startswith("s.toml")
+
+
+def test_script_is_inlined(tmp_path: Path) -> None:
+    (tmp_path / "train.sbatch").write_text("srun hostname\n")
+    (tmp_path / "s.toml").write_text("name = 'x'\n[job]\nscript = 'train.sbatch'\nnodes = 1\n")
+    spec, text = load_spec_file(tmp_path / "s.toml")
+    assert spec.command == "srun hostname\n"
+    assert parse_spec(text) == spec
+
+
+def test_missing_and_binary_files(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read spec"):
+        load_spec_file(tmp_path / "nope.toml")
+    (tmp_path / "b.toml").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_spec_file(tmp_path / "b.toml")
+
+
+@given(st.text(max_size=300))
+def test_any_text_is_a_spec_or_a_spec_error(text: str) -> None:
+    try:
+        parse_spec(text)
+    except SpecError as exc:
+        assert "\n" not in str(exc).strip() or "TOML" in str(exc)
