@@ -8,6 +8,7 @@ admin group.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -107,10 +108,8 @@ class ControlServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def call_daemon(path: str, request: dict[str, Any], timeout: float = 180.0) -> dict[str, Any]:

@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     # Options accepted before or after the command; SUPPRESS keeps a later default
     # from overwriting an earlier value.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--config", default=argparse.SUPPRESS,
                         help="config file (default: $B300_CONFIG or /etc/b300/b300.toml)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
@@ -143,9 +143,10 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
 def _status_one(store: Store, run_id: str, as_json: bool) -> int:
     run = store.get_run(run_id)
     attempts = [attempt_to_dict(a) for a in store.attempts(run_id)]
-    events = [{"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor,
-               "attempt_id": e.attempt_id, "data": e.data}
-              for e in store.events(run_id=run_id)]
+    events: list[dict[str, Any]] = [
+        {"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor,
+         "attempt_id": e.attempt_id, "data": e.data}
+        for e in store.events(run_id=run_id)]
     if as_json:
         print(json.dumps({"run": run_to_dict(run), "attempts": attempts, "events": events},
                          indent=2))

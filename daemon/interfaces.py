@@ -88,7 +88,12 @@ class SlurmClient(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
-    """An event to append; the store assigns id and timestamp's storage."""
+    """An event to append. The store assigns its id; its time is the ``now`` of the call.
+
+    An event passed to a store method with ``run_id`` or ``attempt_id`` left
+    ``None`` is filled in with the run or attempt that method is about (so the
+    event of ``begin_attempt`` names the attempt it created).
+    """
 
     kind: str
     run_id: str | None = None
@@ -145,7 +150,11 @@ class Store(Protocol):
     def confirm_attempt(
         self, attempt_id: int, slurm_job_id: int, now: datetime, events: Sequence[NewEvent] = ()
     ) -> Attempt:
-        """Record that the attempt reached Slurm as ``slurm_job_id`` (state PENDING)."""
+        """Record that the attempt reached Slurm as ``slurm_job_id`` (state PENDING).
+
+        Only an attempt in state SUBMITTING can be confirmed (UsageError
+        otherwise), so a job id once recorded is never overwritten.
+        """
         ...
 
     def update_attempt(

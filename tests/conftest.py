@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,7 +119,7 @@ def _op_node_state(ps: Any, node: str, state: str, reason: str) -> None:  # prag
     ps.Node(node).modify(ps.Node(state=state, reason=reason or None))
 
 
-_OPS = {
+_OPS: dict[str, Callable[..., Any]] = {
     "submit": _op_submit, "jobs": _op_jobs, "accounting": _op_accounting,
     "by_name": _op_by_name, "cancel": _op_cancel, "nodes": _op_nodes,
     "node_state": _op_node_state,

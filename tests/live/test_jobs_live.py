@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from b300.slurm.parse import expand_nodes
-
 from helpers import DaemonHandle, make_daemon, slurm_cmd, wait_for, write_spec
 
 pytestmark = pytest.mark.slurm
