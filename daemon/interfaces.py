@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .model import (
     Attempt,
+    CheckpointInfo,
     AttemptState,
     Event,
     JobObservation,
@@ -84,6 +85,23 @@ class SlurmClient(Protocol):
     def resume_node(self, node: str) -> None:
         """Return a drained or down node to service."""
         ...
+
+
+@runtime_checkable
+class CheckpointLayout(Protocol):
+    """How one training framework lays out its checkpoints under a directory.
+
+    Implementations are plugins (entry-point group ``b300.checkpoint_layouts``,
+    keyed by ``name`` as used in a spec's ``[checkpoint] layout``).
+    ``list_checkpoints`` never raises for a missing or unreadable root (it
+    returns ``[]``), never follows a symlink that leaves ``root``, and never
+    reports as complete a checkpoint that is still being written or was cut
+    off by a crash. Results are sorted by step, oldest first.
+    """
+
+    name: str
+
+    def list_checkpoints(self, root: str) -> list[CheckpointInfo]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,3 +220,21 @@ class NodeRecord:
     state: str
     reason: str
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """One checkpoint found on disk by a layout.
+
+    ``complete`` is the layout's own verdict (done-marker, metadata file,
+    ``latest`` pointer...); ``why_incomplete`` says why not, for the logs.
+    Whether its bytes are intact is a separate question (the manifest).
+    """
+
+    path: str
+    step: int
+    mtime: datetime
+    complete: bool
+    size_bytes: int = 0
+    files: int = 0
+    why_incomplete: str = ""

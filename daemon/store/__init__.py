@@ -147,7 +147,7 @@ def _migration_config() -> Config:
 
 
 def _migrate(engine: Engine) -> None:
-    """Upgrade the schema to head, in one transaction that other openers wait for."""
+    """Upgrade the schema to every head, in one transaction that other openers wait for."""
     config = _migration_config()
     with store_errors(engine.url):
         try:
@@ -158,7 +158,9 @@ def _migrate(engine: Engine) -> None:
                         sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK}
                     )
                 config.attributes["connection"] = connection
-                command.upgrade(config, "head")
+                # "heads": feature branches of the schema (drift, checkpoints, ...) are
+                # separate Alembic branches off the initial revision until merged.
+                command.upgrade(config, "heads")
         except CommandError as exc:
             # E.g. a database migrated by a newer b300 whose revision we lack.
             raise StoreError(

@@ -244,18 +244,20 @@ class SdiagProbe:
 # -- setup ---------------------------------------------------------------------------------------
 
 
-def sbatch_held(name: str, env: Mapping[str, str]) -> int:
+def sbatch_held(name: str, env: Mapping[str, str], stop: threading.Event) -> int:
     argv = ["sbatch", "--hold", "--parsable", f"--job-name={name}", "--output=/dev/null",
             "--wrap", "true"]
     last = ""
     for attempt in range(4):
+        if attempt and stop.is_set():
+            break
         try:
             proc = run_tool(argv, env)
         except subprocess.TimeoutExpired:
             last = "timed out"  # it may still have been queued: the cleanup sweep finds it
         else:
             if proc.returncode == 0:
-                return parse_sbatch(proc.stdout)
+                return int(parse_sbatch(proc.stdout))
             last = " ".join(proc.stderr.split())[:200]
         time.sleep(0.5 * (attempt + 1))
     raise RuntimeError(f"sbatch {name}: {last}")
@@ -278,7 +280,7 @@ def submit_all(names: Sequence[str], env: Mapping[str, str], workers: int,
                 i = next(counter)
             if i >= len(names):
                 return
-            job_id = sbatch_held(names[i], env)
+            job_id = sbatch_held(names[i], env, stop)
             with lock:
                 ids[i] = job_id
                 sink.append(job_id)
@@ -663,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if d["mismatches"] or nv["mismatches"]:
             rc = 1
     except KeyboardInterrupt as exc:
-        print(f"interrupted ({exc or 'Ctrl-C'}): cleaning up", file=sys.stderr)
+        print(f"interrupted ({str(exc) or 'Ctrl-C'}): cleaning up", file=sys.stderr)
         rc = 130
     finally:
         stop.set()
