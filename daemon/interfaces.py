@@ -187,9 +187,15 @@ class Store(Protocol):
         signal: int | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        outcome: str | None = None,
+        evidence: dict[str, Any] | None = None,
         events: Sequence[NewEvent] = (),
     ) -> Attempt:
-        """Change the given fields (``None`` leaves a field as it is)."""
+        """Change the given fields (``None`` leaves a field as it is).
+
+        ``outcome`` is recovery's classification of the attempt's end and
+        ``evidence`` (JSON-able) what it was based on.
+        """
         ...
 
     def get_attempt(self, attempt_id: int) -> Attempt: ...
@@ -205,9 +211,17 @@ class Store(Protocol):
     def append_events(self, events: Sequence[NewEvent], now: datetime) -> list[Event]: ...
 
     def events(
-        self, *, run_id: str | None = None, after_id: int = 0, limit: int | None = None
+        self,
+        *,
+        run_id: str | None = None,
+        after_id: int = 0,
+        limit: int | None = None,
+        node: str | None = None,
+        kinds: Sequence[str] | None = None,
+        since: datetime | None = None,
     ) -> list[Event]:
-        """Events in id order, optionally of one run and/or after an id."""
+        """Events in id order, optionally of one run, one node, some kinds,
+        after an id, and/or at or after a time."""
         ...
 
     def sync_nodes(

@@ -103,11 +103,16 @@ _ACTIVE_ATTEMPT = frozenset(
 
 
 class RunState(enum.StrEnum):
-    """The state of a logical training run (all its attempts together)."""
+    """The state of a logical training run (all its attempts together).
+
+    ``RECOVERING``: the last attempt ended without completing and recovery
+    has not yet decided (it may wait for Slurm to show which node failed).
+    """
 
     SUBMITTING = "SUBMITTING"
     PENDING = "PENDING"
     RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -178,6 +183,8 @@ class Attempt:
     signal: int | None = None
     start: datetime | None = None
     end: datetime | None = None
+    outcome: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -217,6 +217,8 @@ class SqlStore:
         signal: int | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        outcome: str | None = None,
+        evidence: dict[str, Any] | None = None,
         events: Sequence[NewEvent] = (),
     ) -> Attempt:
         """Change the given fields (``None`` leaves a field as it is); ``updated_at`` = now."""
@@ -238,6 +240,10 @@ class SqlStore:
                 row.started_at = start
             if end is not None:
                 row.ended_at = end
+            if outcome is not None:
+                row.outcome = outcome
+            if evidence is not None:
+                row.evidence = json.dumps(evidence, sort_keys=True, default=str)
             row.updated_at = now
             session.flush()
             self._add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
@@ -279,9 +285,17 @@ class SqlStore:
             return [to_event(row) for row in self._add_events(session, events, now)]
 
     def events(
-        self, *, run_id: str | None = None, after_id: int = 0, limit: int | None = None
+        self,
+        *,
+        run_id: str | None = None,
+        after_id: int = 0,
+        limit: int | None = None,
+        node: str | None = None,
+        kinds: Sequence[str] | None = None,
+        since: datetime | None = None,
     ) -> list[Event]:
-        """Events with id > ``after_id`` in id order, optionally of one run, at most ``limit``.
+        """Events with id > ``after_id`` in id order, at most ``limit``, optionally
+        only of one run, of one node, of some kinds, or at/after ``since``.
 
         Ids are committed in increasing order, so paging with the last id seen
         never skips an event.
@@ -289,6 +303,13 @@ class SqlStore:
         query = select(EventRow).where(col(EventRow.id) > after_id)
         if run_id is not None:
             query = query.where(col(EventRow.run_id) == run_id)
+        if node is not None:
+            query = query.where(col(EventRow.node) == node)
+        if kinds is not None:
+            query = query.where(col(EventRow.kind).in_(list(kinds)))
+        if since is not None:
+            _require_aware(since)
+            query = query.where(col(EventRow.ts) >= since)
         query = query.order_by(col(EventRow.id))
         if limit is not None:
             query = query.limit(max(limit, 0))

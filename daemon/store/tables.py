@@ -107,6 +107,9 @@ class AttemptRow(SQLModel, table=True):
     ended_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
     created_at: datetime = Field(sa_column=_utc_column())
     updated_at: datetime = Field(sa_column=_utc_column())
+    # How recovery classified the end (revision 0002); evidence is JSON text.
+    outcome: str | None = Field(default=None, sa_column=sa.Column(sa.String(32)))
+    evidence: str | None = Field(default=None, sa_column=sa.Column(sa.Text()))
 
 
 class NodeRow(SQLModel, table=True):
@@ -131,6 +134,7 @@ class EventRow(SQLModel, table=True):
     __tablename__ = "event"
     __table_args__ = (
         sa.Index("ix_event_run_id_id", "run_id", "id"),
+        sa.Index("ix_event_node", "node"),
         # Readers page through the log with ``after_id``; AUTOINCREMENT stops
         # SQLite from ever reusing an id, even if rows are deleted by hand.
         {"sqlite_autoincrement": True},
@@ -214,6 +218,8 @@ def to_attempt(row: AttemptRow) -> Attempt:
         signal=row.signal,
         start=_utc_or_none(row.started_at),
         end=_utc_or_none(row.ended_at),
+        outcome=row.outcome or "",
+        evidence=json.loads(row.evidence) if row.evidence else {},
     )
 
 
