@@ -20,8 +20,10 @@ from sqlalchemy.engine import make_url
 
 from .config import Config, config_path, load_config
 from .control import call_daemon
+from .drift.cli import add_drift_commands, run_drift_command
 from .errors import B300Error, StoreError
 from .interfaces import Store
+from .nodes_cli import add_node_commands, run_nodes, run_notify
 from .service import attempt_to_dict, run_to_dict
 from .spec import load_spec_file
 from .store import open_store
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-checkpoint", metavar="PATH", help="checkpoint to resume from")
     p = add("cancel", help="cancel a run's active attempt")
     p.add_argument("run", help="run id")
+    add_drift_commands(sub, [common])
+    add_node_commands(add)
     return ap
 
 
@@ -70,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(config_path(args.config))
         if args.command == "status":
             return _status(cfg, args)
+        if args.command == "drift":
+            return run_drift_command(cfg, args, _open_store)
+        if args.command == "nodes":
+            return run_nodes(cfg, args, _open_store)
+        if args.command == "notify":
+            return run_notify(cfg, args)
         return _mutate(cfg, args)
     except B300Error as exc:
         print(f"b300ctl: {exc}", file=sys.stderr)
@@ -136,7 +146,7 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
         table.append([r["id"], r["name"], r["state"], str(r["attempts"]),
                       str(cur.get("job_id") or "-"), _nodes(cur.get("nodes") or []),
                       r["updated_at"][:19].replace("T", " ")])
-    _print_table(table)
+    print_table(table)
     return 0
 
 
@@ -160,7 +170,7 @@ def _status_one(store: Store, run_id: str, as_json: bool) -> int:
                       _nodes(a["nodes"]), _nodes(a["excluded_nodes"]),
                       (a["start"] or "-")[:19].replace("T", " "),
                       (a["end"] or "-")[:19].replace("T", " "), a["reason"] or ""])
-    _print_table(table)
+    print_table(table)
     print("\nevents:")
     for e in events[-50:]:
         detail = " ".join(f"{k}={v}" for k, v in e["data"].items() if v not in (None, "", []))
@@ -174,7 +184,7 @@ def _nodes(nodes: list[str]) -> str:
     return fold_nodes(nodes) or "-"
 
 
-def _print_table(rows: list[list[str]]) -> None:
+def print_table(rows: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -7,15 +7,15 @@ and are chosen at start-up; nothing here holds state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .model import (
     Attempt,
-    CheckpointInfo,
     AttemptState,
+    CheckpointInfo,
     Event,
     JobObservation,
     NodeObservation,
@@ -24,6 +24,9 @@ from .model import (
     RunState,
     SubmitRequest,
 )
+
+if TYPE_CHECKING:
+    from .drift.records import NodeRun
 
 
 @runtime_checkable
@@ -86,6 +89,15 @@ class SlurmClient(Protocol):
         """Return a drained or down node to service."""
         ...
 
+    def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
+        """Keep a pending job off ``nodes`` (its excluded node list becomes exactly these)."""
+        ...
+
+    def ensure_node_down_trigger(self, program: str) -> bool:
+        """Make slurmctld run ``program`` whenever a node goes down (a permanent
+        trigger, set once). False when triggers are not allowed to this user."""
+        ...
+
 
 @runtime_checkable
 class CheckpointLayout(Protocol):
@@ -102,6 +114,41 @@ class CheckpointLayout(Protocol):
     name: str
 
     def list_checkpoints(self, root: str) -> list[CheckpointInfo]: ...
+
+
+@runtime_checkable
+class DriftProbe(Protocol):
+    """One software version read on a node over SSH (a plugin, group ``b300.probes``).
+
+    ``command`` returns the fixed shell text to run on the node, built only
+    from the probe's own strings and ``settings`` values the config already
+    validated (each passed through ``shlex.quote``); ``None`` when the probe
+    does not apply (e.g. no training image configured). ``parse`` is pure: it
+    turns the command's stdout into one comparable value and raises
+    ``ValueError`` when the output cannot be understood (a finding
+    "unparseable", never a crash). ``default_policy`` is ``"drain"`` or
+    ``"warn"``.
+    """
+
+    name: str
+    default_policy: str
+
+    def command(self, settings: Mapping[str, str]) -> str | None: ...
+
+    def parse(self, stdout: str) -> str: ...
+
+
+class NodeCommandRunner(Protocol):
+    """Runs named shell commands on cluster nodes (over SSH) and returns what they said.
+
+    ``run`` never raises for a node's own trouble: each node gets a
+    :class:`b300.drift.records.NodeRun` whose status says whether it was
+    reached (unreachable, refused host key, failed auth, timed out); a
+    command that did not finish in time has ``exit_code`` None. The commands
+    are fixed text and must not contain values from outside the program.
+    """
+
+    def run(self, nodes: Sequence[str], commands: Mapping[str, str]) -> dict[str, NodeRun]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +284,70 @@ class Store(Protocol):
 
     def list_nodes(self) -> list[NodeRecord]:
         """Every known node, by name."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    """One file of a replica as a replication target holds it.
+
+    ``size`` is the finished file's size (0 when only a partial exists);
+    ``partial`` the bytes of an unfinished copy an interrupted transfer left.
+    """
+
+    size: int = 0
+    partial: int = 0
+
+
+@runtime_checkable
+class ReplicationTarget(Protocol):
+    """An offsite place holding copies (replicas) of checkpoints, by checkpoint name.
+
+    Implementations are plugins (entry-point group ``b300.replication_targets``),
+    built from keyword options. A replica is a set of files under its name plus a
+    record written last (``put_record``); only replicas with a record are listed.
+    ``rel`` paths use '/' and never contain '..'. Methods may be called from
+    several threads at once. Network and permission failures raise ``OSError``
+    (or the client library's own errors); a missing file in ``read_file`` raises
+    ``FileNotFoundError``.
+    """
+
+    name: str
+
+    def stat_files(self, replica: str) -> dict[str, RemoteFile]:
+        """Every file (finished or partial) the target holds for ``replica``."""
+        ...
+
+    def put_file(
+        self, local_path: str, replica: str, rel: str, size: int, offset: int,
+        on_chunk: Callable[[int], None],
+    ) -> int:
+        """Copy a local file, continuing a partial copy at ``offset`` when the target can.
+
+        ``on_chunk(n)`` is called before sending each chunk (the bandwidth
+        limit blocks there). Returns the bytes sent. The file appears under
+        its name only once complete.
+        """
+        ...
+
+    def read_file(self, replica: str, rel: str) -> Iterator[bytes]:
+        """The file's bytes, streamed (for verification after a copy)."""
+        ...
+
+    def put_record(self, replica: str, data: bytes) -> None: ...
+
+    def get_record(self, replica: str) -> bytes | None: ...
+
+    def delete_record(self, replica: str) -> None: ...
+
+    def list_replicas(self) -> list[str]:
+        """Names of replicas whose record exists."""
+        ...
+
+    def delete_replica(self, replica: str) -> None:
+        """Remove the record first, then every file of the replica."""
         ...
 
     def close(self) -> None: ...

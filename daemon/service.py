@@ -7,7 +7,10 @@ runs under one action lock, so b300ctl never races the tracker.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,15 +23,18 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from . import __version__
 from .config import Config
 from .control import ControlServer, Peer, is_admin
-from .errors import B300Error, SlurmError, StoreError, UsageError
-from .interfaces import SlurmClient, Store
+from .drift.service import make_drift_service
+from .errors import B300Error, NotFoundError, SlurmError, StoreError, UsageError
+from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, Run
+from .recovery.service import RecoveryService
 from .runs import RunService
 from .spec import parse_spec
 from .tracker import JobTracker
 
 log = structlog.get_logger(__name__)
-_MUTATING = {"submit", "resubmit", "cancel"}
+_NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MUTATING = {"submit", "resubmit", "cancel", "node_resume", "wake", "drift_scan"}
 
 
 def sd_notify(message: str) -> bool:
@@ -78,8 +84,14 @@ class Daemon:
         self.clock = clock or (lambda: datetime.now(UTC))
         self.runs = RunService(store, slurm, self.clock, submit_grace_s=config.submit_grace_s,
                                job_log_dir=config.job_log_dir)
-        self.tracker = JobTracker(store, slurm, self.runs, self.clock)
+        self.recovery = (
+            RecoveryService(store, slurm, self.runs, self.clock, config.recovery,
+                            job_log_dir=config.job_log_dir)
+            if config.recovery.enabled else None
+        )
+        self.tracker = JobTracker(store, slurm, self.runs, self.clock, recovery=self.recovery)
         self._lock = threading.Lock()
+        self.drift = make_drift_service(config.drift, store, slurm, self._lock, self.clock)
         self._stop = threading.Event()
         self._failures = 0
         self._skip_until = 0.0
@@ -140,6 +152,16 @@ class Daemon:
                 return {"ok": False, "exit_code": 2,
                         "error": f"user {actor} may not {op}: not in admin group "
                                  f"{self.config.admin_group or '(none configured)'}"}
+            if op == "drift_scan":
+                if self.drift is None:
+                    raise UsageError("version drift is not configured (no [drift] in the config)")
+                # Not under the lock as a whole: only the judging and acting part takes it.
+                return {"ok": True, "result": self.drift.scan_request(request, actor)}
+            if op == "wake":
+                # A Slurm trigger (node down) or an operator: run a cycle now.
+                log.info("control.wake", by=actor, why=str(request.get("why", ""))[:200])
+                self.wake()
+                return {"ok": True, "result": {}}
             with self._lock:
                 result = self._mutate(op, request, actor)
             self.wake()
@@ -151,6 +173,17 @@ class Daemon:
             return {"ok": False, "error": f"internal error: {type(exc).__name__}", "exit_code": 1}
 
     def _mutate(self, op: str, request: dict[str, Any], actor: str) -> dict[str, Any]:
+        if op == "node_resume":
+            node = request.get("node")
+            if not isinstance(node, str) or not _NODE_RE.fullmatch(node):
+                raise UsageError(f"bad node name {node!r}")
+            known = {n.name for n in self.store.list_nodes()}
+            if known and node not in known:
+                raise NotFoundError(f"unknown node {node!r}")
+            self.slurm.resume_node(node)
+            self.store.append_events([NewEvent("node.resumed", node=node, actor=actor)],
+                                     self.clock())
+            return {"node": node}
         if op == "submit":
             text = request.get("spec_toml")
             if not isinstance(text, str):
@@ -184,7 +217,10 @@ class Daemon:
         self._scheduler.add_job(self.cycle, "interval", id="poll",
                                 seconds=self.config.poll_interval_s, max_instances=1,
                                 coalesce=True, next_run_time=datetime.now(UTC))
+        if self.drift is not None:
+            self.drift.schedule(self._scheduler)
         self._scheduler.start()
+        self._arm_node_trigger()
         sd_notify(f"READY=1\nSTATUS=tracking (poll every {self.config.poll_interval_s:g} s)")
         log.info("daemon.started", version=__version__, pid=os.getpid(),
                  socket=self.config.socket, slurm=self.slurm.name,
@@ -200,3 +236,25 @@ class Daemon:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _arm_node_trigger(self) -> None:
+        """Have slurmctld wake us when a node goes down (``strigger``); polling
+        stays the safety net. The program is a tiny script in the state dir,
+        so slurmctld runs no string of ours through a shell."""
+        if self.recovery is None or not self.config.recovery.node_trigger:
+            return
+        program = os.path.join(self.config.state_dir, "node-down-trigger")
+        script = ("#!/bin/sh\n# Written by b300d: slurmctld runs this when a node goes down.\n"
+                  f"exec {shlex.quote(sys.executable)} -m b300.ctl "
+                  f"--config {shlex.quote(self.config.path)} notify node-down \"$@\"\n")
+        try:
+            tmp = program + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(script)
+            os.chmod(tmp, 0o755)  # noqa: S103 - slurmctld (SlurmUser) must execute it
+            os.replace(tmp, program)
+            armed = self.slurm.ensure_node_down_trigger(program)
+        except (OSError, SlurmError) as exc:
+            log.warning("trigger.not_armed", error=str(exc))
+            return
+        log.info("trigger.armed" if armed else "trigger.not_allowed", program=program)

@@ -72,6 +72,15 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """Hang detection: the job writes its step to ``progress_file``; no new step
+    for ``hang_timeout_s`` while it runs means it hangs."""
+
+    progress_file: str | None = None
+    hang_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
     command: str
@@ -88,6 +97,7 @@ class JobSpec:
     environment: tuple[tuple[str, str], ...] = ()
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     retries: RetryPolicy = field(default_factory=RetryPolicy)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
 
 
 def load_spec_file(path: str | Path) -> tuple[JobSpec, str]:
@@ -119,7 +129,7 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{where}: not valid TOML: {exc}") from None
-    reject_unknown(doc, {"name", "job", "checkpoint", "retries"}, where, SpecError)
+    reject_unknown(doc, {"name", "job", "checkpoint", "retries", "health"}, where, SpecError)
     name = get_str(doc, "name", where, SpecError, pattern=NAME_RE,
                    what="a valid name (letters, digits, '.', '_', '-'; at most 64)")
     if name is None:
@@ -159,6 +169,18 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         environment=_environment(job, jw),
         checkpoint=_checkpoint(get_table(doc, "checkpoint", where, SpecError), where),
         retries=_retries(get_table(doc, "retries", where, SpecError), where),
+        health=_health(get_table(doc, "health", where, SpecError), where),
+    )
+
+
+def _health(table: Mapping[str, Any], where: str) -> HealthPolicy:
+    hw = f"{where}: [health]"
+    reject_unknown(table, {"progress_file", "hang_timeout"}, hw, SpecError)
+    return HealthPolicy(
+        progress_file=get_str(table, "progress_file", hw, SpecError, pattern=ABS_PATH_RE,
+                              what="an absolute path"),
+        hang_timeout_s=parse_duration(table.get("hang_timeout", 1800), "hang_timeout", hw,
+                                      SpecError),
     )
 
 
@@ -252,7 +274,10 @@ def dump_spec(spec: JobSpec) -> str:
         lines.append(f"dir = {_toml_str(spec.checkpoint.dir)}")
     lines += ["", "[retries]", f"infra = {spec.retries.infra}",
               f"preemption = {spec.retries.preemption}",
-              f"retryable_exit_codes = [{', '.join(map(str, spec.retries.retryable_exit_codes))}]"]
+              f"retryable_exit_codes = [{', '.join(map(str, spec.retries.retryable_exit_codes))}]",
+              "", "[health]", f"hang_timeout = {spec.health.hang_timeout_s!r}"]
+    if spec.health.progress_file is not None:
+        lines.append(f"progress_file = {_toml_str(spec.health.progress_file)}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,8 @@
 """The poll cycle: observe every tracked job in one batch, record what changed.
 
-One cycle costs one ``squeue`` for all tracked jobs, one ``sacct`` only for
-the jobs that ended or left the controller, and one ``sinfo`` for the nodes,
-however many jobs are tracked.
+One cycle costs one ``sinfo`` for the nodes, one ``squeue`` for all tracked
+jobs, and one ``sacct`` only for the jobs that ended or left the controller,
+however many jobs are tracked. Then recovery looks at what ended.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import structlog
 
 from .errors import SlurmError
 from .interfaces import NewEvent, SlurmClient, Store
-from .model import Attempt, AttemptState, JobObservation
+from .model import Attempt, AttemptState, JobObservation, RunState
+from .recovery.service import RecoveryService
 from .runs import RunService
 from .tracking import observe_attempt, run_state_for
 
@@ -48,7 +49,9 @@ class JobTracker:
         *,
         accounting_grace_s: float = 60.0,
         track_nodes: bool = True,
+        recovery: RecoveryService | None = None,
     ) -> None:
+        self._recovery = recovery
         self._store = store
         self._slurm = slurm
         self._runs = runs
@@ -63,6 +66,12 @@ class JobTracker:
         cpu0, wall0 = time.process_time(), time.monotonic()
         calls0 = sum(getattr(self._slurm, "calls", {}).values())
         report = CycleReport()
+        # Nodes first: recovery judges an ended job by its nodes' state now.
+        if self._track_nodes:
+            try:
+                self._store.sync_nodes(self._slurm.nodes(), self._clock())
+            except SlurmError as exc:
+                report.errors.append(f"sinfo: {exc}")
         active = self._store.active_attempts()
         for attempt in (a for a in active if a.state is AttemptState.SUBMITTING):
             try:
@@ -86,11 +95,12 @@ class JobTracker:
             for job_id, attempt in tracked.items():
                 if self._apply(attempt, live.get(job_id), accounted.get(job_id), now):
                     report.changed += 1
-        if self._track_nodes:
+        if self._recovery is not None:
             try:
-                self._store.sync_nodes(self._slurm.nodes(), self._clock())
+                self._recovery.check_hangs()
+                report.changed += self._recovery.recover_all()
             except SlurmError as exc:
-                report.errors.append(f"sinfo: {exc}")
+                report.errors.append(f"recovery: {exc}")
         report.slurm_calls = sum(getattr(self._slurm, "calls", {}).values()) - calls0
         report.cpu_s = time.process_time() - cpu0
         report.wall_s = time.monotonic() - wall0
@@ -123,8 +133,15 @@ class JobTracker:
         )
         if updated.state.is_terminal:
             self._terminal_since.pop(attempt.id, None)
+        if (attempt.state is AttemptState.RUNNING and updated.state is AttemptState.PENDING
+                and self._recovery is not None):
+            # Slurm requeued the job itself: keep it, but off the nodes that failed it.
+            self._recovery.on_requeued(attempt, updated)
         run = self._store.get_run(attempt.run_id)
         state = run_state_for(updated)
+        if (updated.state.is_terminal and updated.state is not AttemptState.COMPLETED
+                and self._recovery is not None):
+            state = RunState.RECOVERING
         if run.state != state:
             self._store.set_run_state(run.id, state, now, events=[NewEvent(
                 "run.state", run_id=run.id, attempt_id=attempt.id,

@@ -8,14 +8,13 @@ to the Slurm cluster that ``deploy/localcluster.sh`` brings up on this machine.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon
+from helpers import CLUSTER, DaemonHandle, make_daemon
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +39,7 @@ def daemon(tmp_path: Path, slurm_conf: str) -> Iterator[DaemonHandle]:
     handle = make_daemon(tmp_path, slurm_conf)
     handle.start()
     yield handle
-    handle.kill(signal.SIGTERM)
-    cancel_test_jobs(slurm_conf, handle)
+    handle.cleanup()
 
 
 from store_fixtures import pg_database_fixture  # noqa: E402,F401 - a fixture, used by name

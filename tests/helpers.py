@@ -84,6 +84,11 @@ class DaemonHandle:
             self.proc.send_signal(sig)
             self.proc.wait(30)
 
+    def cleanup(self) -> None:
+        """Stop the daemon, cancel the jobs of its runs, clear its Slurm triggers."""
+        self.kill(signal.SIGTERM)
+        cancel_test_jobs(self.slurm_conf, self)
+
     def ctl_raw(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "b300.ctl", "--config", str(self.config), *args],
@@ -176,3 +181,16 @@ def cancel_test_jobs(slurm_conf: str, handle: DaemonHandle) -> None:
     ids = [line.split("|")[0] for line in out.splitlines() if line.split("|")[-1] in tags]
     if ids:
         slurm_cmd(slurm_conf, "scancel", *ids)
+    clear_triggers(slurm_conf, str(handle.state_dir))
+
+
+def clear_triggers(slurm_conf: str, under: str) -> None:
+    """Remove the node-down triggers a test daemon armed (their program is in its temp dir)."""
+    env = {**os.environ, "SLURM_CONF": slurm_conf}
+    out = subprocess.run(["strigger", "--get"], capture_output=True, text=True, env=env,
+                         timeout=30, check=False).stdout
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0].isdigit() and under in line:
+            subprocess.run(["strigger", "--clear", f"--id={fields[0]}"], capture_output=True,
+                           env=env, timeout=30, check=False)

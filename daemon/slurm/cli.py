@@ -196,6 +196,32 @@ class CliSlurmClient:
     def resume_node(self, node: str) -> None:
         self._call(["scontrol", "update", f"NodeName={_node(node)}", "State=RESUME"])
 
+    def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
+        names = [_node(n) for n in nodes]
+        self._call(["scontrol", "update", f"JobId={int(job_id)}",
+                    f"ExcNodeList={fold_nodes(names)}"])
+
+    def ensure_node_down_trigger(self, program: str) -> bool:
+        if not re.fullmatch(r"/[A-Za-z0-9._/-]{1,200}", program):
+            raise SlurmError(f"bad trigger program path {program!r}", transient=False)
+        try:
+            existing = self._call(["strigger", "--get", "--node", "--down"], ok_codes=(0, 1))
+        except SlurmError as exc:
+            if exc.transient:
+                raise
+            return False
+        if program in existing:
+            return True
+        try:
+            self._call(["strigger", "--set", "--node", "--down", "--flags=PERM",
+                        f"--program={program}"])
+        except SlurmError as exc:
+            if exc.transient:
+                raise
+            log.warning("slurm.trigger_refused", error=str(exc))
+            return False
+        return True
+
 
 def _node(node: str) -> str:
     if not _NODE_NAME_RE.fullmatch(node):

@@ -119,7 +119,12 @@ def _op_node_state(ps: Any, node: str, state: str, reason: str) -> None:  # prag
     ps.Node(node).modify(ps.Node(state=state, reason=reason or None))
 
 
+def _op_exclude(ps: Any, job_id: int, nodes: list[str]) -> None:  # pragma: no cover
+    ps.Job(job_id).modify(ps.JobSubmitDescription(excluded_nodes=nodes))
+
+
 _OPS: dict[str, Callable[..., Any]] = {
+    "exclude": _op_exclude,
     "submit": _op_submit, "jobs": _op_jobs, "accounting": _op_accounting,
     "by_name": _op_by_name, "cancel": _op_cancel, "nodes": _op_nodes,
     "node_state": _op_node_state,
@@ -227,3 +232,10 @@ class PyslurmClient:
 
     def resume_node(self, node: str) -> None:
         self._request("node_state", node, "RESUME", "")
+
+    def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
+        self._request("exclude", int(job_id), list(nodes))
+
+    def ensure_node_down_trigger(self, program: str) -> bool:
+        # pyslurm has no trigger API; the poll cycle remains the safety net.
+        return False

@@ -140,7 +140,7 @@ def test_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path, slurm_conf
             ).split()
             assert names == [str(attempt["job_id"])]
     finally:
-        d.kill(signal.SIGTERM)
+        d.cleanup()
 
 
 @pytest.mark.parametrize("point", ["before_sbatch", "after_sbatch"])
@@ -173,7 +173,7 @@ def test_crash_around_sbatch_submits_exactly_once(
         kinds = {e["kind"] for e in status["events"]}
         assert ("attempt.adopted" in kinds) == (point == "after_sbatch")
     finally:
-        d.kill(signal.SIGTERM)
+        d.cleanup()
 
 
 def test_daemon_on_postgresql(tmp_path: Path, slurm_conf: str, pg_url: str) -> None:
@@ -185,4 +185,4 @@ def test_daemon_on_postgresql(tmp_path: Path, slurm_conf: str, pg_url: str) -> N
         assert status["run"]["state"] == "COMPLETED"
         assert len(status["attempts"][0]["nodes"]) == 2
     finally:
-        d.kill(signal.SIGTERM)
+        d.cleanup()

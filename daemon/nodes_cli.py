@@ -1,0 +1,84 @@
+"""``b300ctl nodes`` (history of every node, ``resume``) and ``b300ctl notify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .config import Config
+from .control import call_daemon
+from .interfaces import Store
+
+_HISTORY_KINDS = ("node.failed", "node.suspect", "node.drained", "node.resumed", "node.state")
+
+
+def add_node_commands(
+    add: Callable[..., argparse.ArgumentParser],
+) -> None:
+    p = add("nodes", help="nodes with their failure/drain history; 'nodes resume NODE'")
+    p.add_argument("action", nargs="?", choices=["list", "resume"], default="list")
+    p.add_argument("node", nargs="?", help="node to resume")
+    p = add("notify", help="tell the daemon something happened (used by Slurm triggers)")
+    p.add_argument("event", choices=["node-down", "wake"])
+    p.add_argument("detail", nargs="*", help="what Slurm passed (e.g. node names)")
+
+
+def ask_daemon(cfg: Config, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Send a request; (0, result) or (exit code, {}) after printing the error line."""
+    reply = call_daemon(cfg.socket, request)
+    if not reply.get("ok"):
+        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
+        code = reply.get("exit_code", 1)
+        return (code if isinstance(code, int) and code else 1), {}
+    result = reply.get("result")
+    return 0, result if isinstance(result, dict) else {}
+
+
+def run_notify(cfg: Config, args: argparse.Namespace) -> int:
+    code, _ = ask_daemon(cfg, {"op": "wake", "why": f"{args.event} {' '.join(args.detail)}"})
+    return code
+
+
+def run_nodes(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], Store]) -> int:
+    if args.action == "resume":
+        if not args.node:
+            print("b300ctl: nodes resume needs a node name", file=sys.stderr)
+            return 2
+        code, result = ask_daemon(cfg, {"op": "node_resume", "node": args.node})
+        if code == 0:
+            print(json.dumps(result) if args.json else f"resumed {result['node']}")
+        return code
+    store = open_store(cfg)
+    try:
+        nodes = store.list_nodes()
+        history = store.events(kinds=list(_HISTORY_KINDS))
+    finally:
+        store.close()
+    rows: list[dict[str, Any]] = []
+    for node in nodes:
+        mine = [e for e in history if e.node == node.name]
+        drains = [e for e in mine if e.kind == "node.drained"]
+        rows.append({
+            "node": node.name, "state": node.state, "reason": node.reason,
+            "failed": sum(e.kind == "node.failed" for e in mine),
+            "suspect": sum(e.kind == "node.suspect" for e in mine),
+            "drained": len(drains), "resumed": sum(e.kind == "node.resumed" for e in mine),
+            "runs": sorted({e.run_id for e in mine if e.run_id}),
+            "last_drain": drains[-1].data.get("reason") if drains else None,
+            "history": [{"ts": e.ts.isoformat(), "kind": e.kind, "run_id": e.run_id,
+                         "actor": e.actor, "data": e.data}
+                        for e in mine if e.kind != "node.state"][-20:],
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from .ctl import print_table
+
+    table = [["NODE", "STATE", "FAILED", "SUSPECT", "DRAINED", "RESUMED", "REASON"]]
+    table += [[r["node"], r["state"].lower(), str(r["failed"]), str(r["suspect"]),
+               str(r["drained"]), str(r["resumed"]), r["reason"] or ""] for r in rows]
+    print_table(table)
+    return 0

@@ -1,0 +1,331 @@
+"""Recovery: drain the nodes behind a failure and resubmit from a good checkpoint.
+
+Runs inside the daemon's poll cycle, under its action lock. Each step is
+idempotent or recorded before it acts, so a crash anywhere in it is finished
+on the next cycle after a restart:
+
+- the classification, the node strikes and the drains of an attempt are
+  recorded once (the attempt's ``outcome`` marks it classified);
+- draining a node already drained is skipped;
+- the resubmission is an intent (:class:`b300.runs.RunService`), so it reaches
+  Slurm at most once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import structlog
+
+from ..config import RecoveryConfig
+from ..errors import SlurmError
+from ..interfaces import NewEvent, SlurmClient, Store
+from ..model import Attempt, AttemptState, NodeRecord, Run, RunState
+from ..runs import RunService
+from ..spec import JobSpec, parse_spec
+from .classify import (
+    BlackHolePolicy,
+    Outcome,
+    Verdict,
+    black_holes,
+    classify_end,
+    node_is_bad,
+    retries_used,
+)
+
+log = structlog.get_logger(__name__)
+Clock = Callable[[], datetime]
+_LOG_TAIL_BYTES = 256 * 1024
+_FINAL = {Outcome.COMPLETED: RunState.COMPLETED, Outcome.CANCELLED: RunState.CANCELLED}
+
+
+@dataclass(slots=True)
+class _Progress:
+    step: str
+    since: datetime
+
+
+class RecoveryService:
+    """Decides and acts on runs whose last attempt ended without completing."""
+
+    def __init__(
+        self,
+        store: Store,
+        slurm: SlurmClient,
+        runs: RunService,
+        clock: Clock,
+        config: RecoveryConfig,
+        *,
+        job_log_dir: str | None = None,
+    ) -> None:
+        self._store = store
+        self._slurm = slurm
+        self._runs = runs
+        self._clock = clock
+        self._config = config
+        self._log_dir = job_log_dir
+        self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
+        self._progress: dict[int, _Progress] = {}
+        self._waiting: set[int] = set()
+
+    # -- ended attempts ---------------------------------------------------
+
+    def recover_all(self) -> int:
+        """Handle every run in RECOVERING; returns how many were decided."""
+        decided = 0
+        for run in self._store.list_runs([RunState.RECOVERING]):
+            try:
+                if self.recover(run):
+                    decided += 1
+            except SlurmError as exc:
+                log.warning("recovery.deferred", run=run.id, error=str(exc))
+        return decided
+
+    def recover(self, run: Run) -> bool:
+        """Decide about one RECOVERING run. False when it must wait for more evidence."""
+        attempts = self._store.attempts(run.id)
+        if not attempts or not attempts[-1].state.is_terminal:
+            return False
+        last = attempts[-1]
+        spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+        now = self._clock()
+        nodes_now = {n.name: n for n in self._store.list_nodes()}
+        verdict = self._verdict(run, last, spec, nodes_now, now)
+        if verdict.wait:
+            if last.id not in self._waiting:
+                self._waiting.add(last.id)
+                self._store.append_events([NewEvent(
+                    "recovery.waiting", run_id=run.id, attempt_id=last.id,
+                    data={"why": verdict.reasons[-1], "log": list(verdict.log_lines)})], now)
+            return False
+        self._waiting.discard(last.id)
+        if not last.outcome:
+            last = self._record_verdict(run, last, verdict, now)
+            attempts[-1] = last
+        self._drain(run, last, verdict.suspects, nodes_now, now)
+        self._drain_black_holes(run, nodes_now, now)
+        outcome = Outcome(last.outcome)
+        if not verdict.resubmit:
+            state = _FINAL.get(outcome, RunState.FAILED)
+            self._finish(run, state, f"{outcome.value}: not resubmitted", now)
+            return True
+        infra, preempt = retries_used(attempts)
+        if outcome is Outcome.PREEMPTED and preempt > spec.retries.preemption:
+            self._finish(run, RunState.FAILED, f"preemption retry budget spent "
+                         f"({spec.retries.preemption})", now, alert=True)
+            return True
+        if outcome is not Outcome.PREEMPTED and infra > spec.retries.infra:
+            self._finish(run, RunState.FAILED, f"infrastructure retry budget spent "
+                         f"({spec.retries.infra})", now, alert=True)
+            return True
+        resume, checked = self._resume_point(spec)
+        exclude = sorted(set(last.excluded_nodes) | set(verdict.suspects)
+                         | {n for n, rec in nodes_now.items() if node_is_bad(rec)})
+        self._store.append_events([NewEvent(
+            "recovery.resubmit", run_id=run.id, attempt_id=last.id, actor="recovery",
+            data={"outcome": outcome.value, "resume_from": resume, "exclude": exclude,
+                  "checkpoints_checked": checked})], now)
+        self._runs.resubmit(run.id, actor="recovery", exclude=exclude, resume_from=resume)
+        return True
+
+    def _verdict(self, run: Run, last: Attempt, spec: JobSpec,
+                 nodes_now: dict[str, NodeRecord], now: datetime) -> Verdict:
+        if last.outcome:
+            # Classified before a crash or an earlier wait: keep that decision.
+            ev = last.evidence
+            return Verdict(outcome=Outcome(last.outcome), resubmit=bool(ev.get("resubmit")),
+                           suspects=tuple(ev.get("suspects", ())),
+                           implicated=tuple(ev.get("implicated", ())),
+                           reasons=tuple(ev.get("reasons", ())), log_lines=tuple(ev.get("log", ())))
+        kinds = {e.kind for e in self._store.events(run_id=run.id, kinds=[
+            "run.cancel", "attempt.hang"]) if e.attempt_id == last.id}
+        return classify_end(
+            last, spec, nodes_now, self._log_tail(last, spec),
+            cancel_requested="run.cancel" in kinds, hang_detected="attempt.hang" in kinds,
+            now=now, settle_s=self._config.settle_s,
+        )
+
+    def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:
+        strikes = [NewEvent("node.failed", run_id=run.id, attempt_id=last.id, node=n,
+                            data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
+                   for n in verdict.suspects]
+        strikes += [NewEvent("node.suspect", run_id=run.id, attempt_id=last.id, node=n,
+                             data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
+                    for n in verdict.implicated]
+        log.info("recovery.classified", run=run.id, job_id=last.slurm_job_id,
+                 outcome=verdict.outcome.value, suspects=list(verdict.suspects))
+        return self._store.update_attempt(
+            last.id, now, outcome=verdict.outcome.value, evidence=verdict.evidence(),
+            events=[NewEvent("attempt.classified", run_id=run.id, attempt_id=last.id,
+                             data=verdict.evidence()), *strikes])
+
+    def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
+               nodes_now: dict[str, NodeRecord], now: datetime) -> None:
+        for node in nodes:
+            rec = nodes_now.get(node)
+            if rec is not None and "DRAIN" in rec.state.upper() and rec.reason.startswith("b300"):
+                continue
+            reason = (f"b300: run {run.id} job {last.slurm_job_id} {last.state.value}"
+                      f"{' exit ' + str(last.exit_code) if last.exit_code else ''}"
+                      f"{' (' + rec.state.lower() + ': ' + rec.reason + ')' if rec and rec.reason else ''}")
+            self._slurm.drain_node(node, reason)
+            self._store.append_events([NewEvent(
+                "node.drained", run_id=run.id, attempt_id=last.id, node=node,
+                data={"reason": reason})], now)
+            log.warning("node.drained", node=node, run=run.id, reason=reason)
+
+    def _drain_black_holes(self, run: Run, nodes_now: dict[str, NodeRecord], now: datetime) -> None:
+        since = now - timedelta(seconds=self._blackhole.window_s)
+        strikes = self._store.events(kinds=["node.failed", "node.suspect"], since=since)
+        for hole in black_holes(strikes, self._blackhole, now):
+            rec = nodes_now.get(hole.node)
+            if rec is not None and "DRAIN" in rec.state.upper():
+                continue
+            reason = (f"b300: black hole: failed {len(hole.runs)} runs in "
+                      f"{self._blackhole.window_s / 3600:g} h ({', '.join(hole.runs[:3])})")
+            self._slurm.drain_node(hole.node, reason)
+            self._store.append_events([NewEvent(
+                "node.drained", run_id=run.id, node=hole.node,
+                data={"reason": reason, "black_hole": list(hole.runs)})], now)
+
+    def _finish(self, run: Run, state: RunState, why: str, now: datetime, *,
+                alert: bool = False) -> None:
+        kind = "recovery.budget_spent" if alert else "recovery.stopped"
+        self._store.set_run_state(run.id, state, now, events=[
+            NewEvent(kind, run_id=run.id, data={"why": why}),
+            NewEvent("run.state", run_id=run.id, data={"from": run.state.value,
+                                                       "to": state.value})])
+        (log.error if alert else log.info)(kind, run=run.id, why=why)
+
+    def _resume_point(self, spec: JobSpec) -> tuple[str | None, list[dict[str, object]]]:
+        """The newest complete checkpoint whose manifest (if made yet) verifies."""
+        if not spec.checkpoint.dir:
+            return None, []
+        from ..checkpoints.layouts import load_layout
+        from ..checkpoints.manifest import read_manifest, verify
+        from ..checkpoints.resume import choose_resume
+
+        root = spec.checkpoint.dir
+        checked: list[dict[str, object]] = []
+
+        def verified(ckpt: object) -> bool:
+            path = ckpt.path  # type: ignore[attr-defined]
+            if read_manifest(path) is None:
+                checked.append({"path": path, "ok": True, "why": "complete; no manifest yet"})
+                return True
+            result = verify(path, root=root)
+            checked.append({"path": path, "ok": result.ok, "why": "; ".join(result.problems[:3])})
+            return result.ok
+
+        found = load_layout(spec.checkpoint.layout).list_checkpoints(root)
+        for ckpt in found:
+            if not ckpt.complete:
+                checked.append({"path": ckpt.path, "ok": False, "why": ckpt.why_incomplete})
+        choice = choose_resume(found, verified)
+        return (choice.path if choice else None), checked
+
+    def _log_tail(self, attempt: Attempt, spec: JobSpec) -> list[str]:
+        path = _job_log_path(attempt, spec, self._log_dir)
+        if path is None:
+            return []
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+                return f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return []
+
+    def on_requeued(self, before: Attempt, after: Attempt) -> None:
+        """Slurm requeued a running job itself (same job id, PENDING again).
+
+        No new submission: drain the nodes it ran on that Slurm now shows as
+        bad, and update the pending job's excluded nodes so it restarts away
+        from them (Slurm's own requeue does not exclude them).
+        """
+        now = self._clock()
+        nodes_now = {n.name: n for n in self._store.list_nodes()}
+        bad = tuple(n for n in before.nodes if node_is_bad(nodes_now.get(n)))
+        run = self._store.get_run(before.run_id)
+        self._store.append_events([NewEvent(
+            "attempt.requeued", run_id=run.id, attempt_id=before.id,
+            data={"job_id": before.slurm_job_id, "nodes": list(before.nodes),
+                  "suspects": list(bad)})], now)
+        self._store.append_events([NewEvent("node.failed", run_id=run.id, attempt_id=before.id,
+                                            node=n, data={"job_id": before.slurm_job_id,
+                                                          "outcome": "REQUEUED"}) for n in bad],
+                                  now)
+        self._drain(run, before, bad, nodes_now, now)
+        exclude = sorted(set(before.excluded_nodes) | set(bad)
+                         | {n for n, rec in nodes_now.items() if node_is_bad(rec)})
+        if exclude and after.slurm_job_id is not None:
+            self._slurm.exclude_nodes(after.slurm_job_id, exclude)
+
+    # -- running attempts: hangs ------------------------------------------
+
+    def check_hangs(self) -> int:
+        """Cancel running attempts whose progress file has not advanced in time."""
+        now = self._clock()
+        hung = 0
+        live = {a.id for a in self._store.active_attempts()}
+        self._progress = {k: v for k, v in self._progress.items() if k in live}
+        for attempt in self._store.active_attempts():
+            if attempt.state is not AttemptState.RUNNING or attempt.slurm_job_id is None:
+                continue
+            run = self._store.get_run(attempt.run_id)
+            spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+            if not spec.health.progress_file:
+                continue
+            step = _read_progress(spec.health.progress_file, attempt.start)
+            seen = self._progress.get(attempt.id)
+            if seen is None or seen.step != step:
+                self._progress[attempt.id] = _Progress(step, now)
+                continue
+            stalled = (now - seen.since).total_seconds()
+            if stalled < spec.health.hang_timeout_s:
+                continue
+            data = {"job_id": attempt.slurm_job_id, "last_step": step or None,
+                    "stalled_s": round(stalled, 1), "progress_file": spec.health.progress_file}
+            self._store.append_events([NewEvent("attempt.hang", run_id=run.id,
+                                                attempt_id=attempt.id, data=data)], now)
+            log.warning("attempt.hang", run=run.id, **data)
+            self._slurm.cancel(attempt.slurm_job_id)
+            hung += 1
+        return hung
+
+
+def _read_progress(path: str, started: datetime | None) -> str:
+    """The step in a progress file (JSON ``{"step": N}`` or a number), '' if none yet.
+
+    A file older than the attempt's start belongs to an earlier attempt."""
+    try:
+        st = os.stat(path)
+        if started is not None and datetime.fromtimestamp(st.st_mtime, UTC) < started:
+            return ""
+        text = Path(path).read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        return ""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text.strip()[:64]
+    if isinstance(doc, dict):
+        return str(doc.get("step", ""))[:64]
+    return str(doc)[:64]
+
+
+def _job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str | None:
+    if attempt.slurm_job_id is None:
+        return None
+    if spec.output:
+        pattern = spec.output
+    elif log_dir:
+        pattern = f"{log_dir.rstrip('/')}/%x-%j.out"
+    else:
+        return None
+    return pattern.replace("%j", str(attempt.slurm_job_id)).replace("%x", attempt.tag)
