@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 #: Files b300 itself writes into a checkpoint; never part of what a framework wrote.
-OWN_FILES = frozenset({".b300-manifest.json", ".b300-manifest.json.tmp"})
+OWN_FILES = frozenset({".b300-manifest.json", ".b300-manifest.json.tmp", ".b300-replica.json"})
 
 
 @dataclass(frozen=True, slots=True)

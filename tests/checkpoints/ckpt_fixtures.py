@@ -3,7 +3,23 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SshServer:
+    port: int
+    username: str
+    key_filename: str
+    known_hosts: str
+    base: Path
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+    bucket: str
 
 
 def write_file(path: Path, data: bytes = b"x" * 64, mtime: float | None = None) -> Path:

@@ -1,0 +1,247 @@
+"""Copying a checkpoint offsite, resumably, and proving the copy is intact.
+
+Targets are plugins (entry-point group ``b300.replication_targets``; the
+protocol is :class:`b300.interfaces.ReplicationTarget`). This module drives any
+of them the same way:
+
+1. files the target already holds at the right size are skipped; a partial
+   file left by an interrupted copy is continued from where it stopped;
+2. the rest are sent by ``concurrency`` threads, all under one bandwidth limit;
+3. every file is read back from the target and hashed against the manifest;
+   a file that differs is sent again in full, once;
+4. only then the replica record (manifest + step + time) is written, last, so a
+   replica without a record is never taken for a complete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import entry_points
+from typing import Any
+
+import structlog
+
+from ..errors import UsageError
+from ..interfaces import RemoteFile, ReplicationTarget
+from ..model import CheckpointInfo
+from .manifest import Manifest, ManifestEntry
+
+log = structlog.get_logger(__name__)
+
+GROUP = "b300.replication_targets"
+_HASH_CHUNK = 4 << 20
+
+
+class Throttle:
+    """A token bucket shared by every sending thread: at most ``bytes_per_s`` on average.
+
+    ``None`` means unlimited. ``clock`` and ``sleep`` are injected for tests.
+    A burst of one second's worth is allowed.
+    """
+
+    def __init__(
+        self,
+        bytes_per_s: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._rate = bytes_per_s
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = bytes_per_s or 0.0
+        self._last = clock()
+
+    def consume(self, n: int) -> None:
+        """Account for ``n`` bytes about to be sent; blocks while over the limit."""
+        if self._rate is None:
+            return
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._rate, self._tokens + (now - self._last) * self._rate)
+            self._last = now
+            self._tokens -= n
+            wait = -self._tokens / self._rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    """What a target holds about one complete replica (its last-written file)."""
+
+    name: str
+    step: int
+    mtime: datetime
+    manifest: Manifest
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"name": self.name, "step": self.step, "mtime": self.mtime.isoformat(),
+             "manifest": json.loads(self.manifest.to_json())},
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ReplicaRecord:
+        doc = json.loads(data)
+        return cls(
+            name=str(doc["name"]),
+            step=int(doc["step"]),
+            mtime=datetime.fromisoformat(doc["mtime"]),
+            manifest=Manifest.from_json(json.dumps(doc["manifest"])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationResult:
+    target: str
+    name: str
+    ok: bool
+    bytes_sent: int
+    files_sent: int
+    files_skipped: int
+    problems: tuple[str, ...] = ()
+
+
+def replica_name(ckpt: CheckpointInfo) -> str:
+    """The replica's name on a target: the checkpoint directory's own name."""
+    return ckpt.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def replicate(
+    ckpt: CheckpointInfo,
+    manifest: Manifest,
+    target: ReplicationTarget,
+    *,
+    concurrency: int = 4,
+    throttle: Throttle | None = None,
+) -> ReplicationResult:
+    """Copy the checkpoint to ``target`` (resuming any earlier attempt) and verify the copy.
+
+    ``manifest`` must be the checkpoint's (see :func:`b300.checkpoints.manifest.ensure_manifest`).
+    Errors of the target (network, permissions) propagate: the caller retries
+    later and the next call resumes where this one stopped.
+    """
+    name = replica_name(ckpt)
+    throttle = throttle or Throttle(None)
+    existing = target.get_record(name)
+    if existing is not None:
+        try:
+            if ReplicaRecord.from_json(existing).manifest.files == manifest.files:
+                return ReplicationResult(target.name, name, True, 0, 0, len(manifest.files))
+        except (ValueError, KeyError, TypeError):
+            pass
+        target.delete_record(name)  # a different checkpoint of the same name: start over
+    remote = target.stat_files(name)
+    todo = [e for e in manifest.files if not _same_size(remote.get(e.rel), e)]
+    skipped = len(manifest.files) - len(todo)
+    sent = _send(ckpt.path, name, todo, target, remote, concurrency, throttle)
+    bad = _verify_remote(name, manifest.files, target, concurrency)
+    if bad:
+        log.warning("replication.resend", target=target.name, replica=name, files=len(bad))
+        sent += _send(ckpt.path, name, bad, target, {}, concurrency, throttle)
+        bad = _verify_remote(name, bad, target, concurrency)
+    if bad:
+        problems = tuple(f"{e.rel!r} differs on {target.name} after copying it twice" for e in bad)
+        return ReplicationResult(target.name, name, False, sent, len(todo), skipped, problems)
+    target.put_record(name, ReplicaRecord(name, ckpt.step, ckpt.mtime, manifest).to_json())
+    return ReplicationResult(target.name, name, True, sent, len(todo), skipped)
+
+
+def verify_replica(name: str, target: ReplicationTarget, *, concurrency: int = 4) -> tuple[str, ...]:
+    """Read the whole replica back and compare with its record; problems, empty when intact."""
+    data = target.get_record(name)
+    if data is None:
+        return (f"{name} has no replica record on {target.name}",)
+    files = ReplicaRecord.from_json(data).manifest.files
+    bad = _verify_remote(name, files, target, concurrency)
+    return tuple(f"{e.rel!r} differs on {target.name}" for e in bad)
+
+
+def replica_records(target: ReplicationTarget) -> list[ReplicaRecord]:
+    """Every complete replica on the target, oldest step first (unreadable records skipped)."""
+    records = []
+    for name in target.list_replicas():
+        data = target.get_record(name)
+        if data is None:
+            continue
+        try:
+            records.append(ReplicaRecord.from_json(data))
+        except (ValueError, KeyError, TypeError):
+            log.warning("replication.bad_record", target=target.name, replica=name)
+    return sorted(records, key=lambda r: (r.step, r.name))
+
+
+def _same_size(remote: RemoteFile | None, entry: ManifestEntry) -> bool:
+    return remote is not None and remote.size == entry.size
+
+
+def _send(
+    path: str,
+    name: str,
+    entries: list[ManifestEntry],
+    target: ReplicationTarget,
+    remote: Mapping[str, RemoteFile],
+    concurrency: int,
+    throttle: Throttle,
+) -> int:
+    def one(entry: ManifestEntry) -> int:
+        have = remote.get(entry.rel)
+        offset = have.partial if have is not None and 0 < have.partial < entry.size else 0
+        return target.put_file(f"{path}/{entry.rel}", name, entry.rel, entry.size, offset, throttle.consume)
+
+    # Largest first keeps the threads busy to the end.
+    ordered = sorted(entries, key=lambda e: e.size, reverse=True)
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return sum(pool.map(one, ordered))
+
+
+def _verify_remote(
+    name: str, entries: Sequence[ManifestEntry], target: ReplicationTarget, concurrency: int
+) -> list[ManifestEntry]:
+    def differs(entry: ManifestEntry) -> bool:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            for chunk in target.read_file(name, entry.rel):
+                digest.update(chunk)
+                size += len(chunk)
+        except FileNotFoundError:
+            return True
+        return size != entry.size or digest.hexdigest() != entry.sha256
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        flags = list(pool.map(differs, entries))
+    return [e for e, bad in zip(entries, flags, strict=True) if bad]
+
+
+def load_target(kind: str, options: Mapping[str, Any]) -> ReplicationTarget:
+    """Build the replication target plugin registered as ``kind`` with ``options``.
+
+    A plugin that fails to import is logged and skipped; an unknown kind, or
+    options the plugin refuses, raise UsageError.
+    """
+    for ep in entry_points(group=GROUP, name=kind):
+        try:
+            factory = ep.load()
+        except Exception as exc:  # a third-party plugin may raise anything on import
+            log.warning("replication.plugin_failed", plugin=kind, error=f"{type(exc).__name__}: {exc}")
+            continue
+        try:
+            target = factory(**options)
+        except TypeError as exc:
+            raise UsageError(f"replication target {kind!r}: {exc}") from None
+        if not isinstance(target, ReplicationTarget):
+            log.warning("replication.plugin_invalid", plugin=kind)
+            continue
+        return target
+    raise UsageError(f"unknown replication target kind {kind!r}")

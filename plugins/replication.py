@@ -1,0 +1,415 @@
+"""Built-in replication targets (entry-point group ``b300.replication_targets``).
+
+``filesystem`` (another mount: NFS, Lustre...), ``sftp`` (paramiko, host key
+checked against a known_hosts file, never trusted on first use) and ``s3``
+(boto3, multipart uploads with SHA-256 checksums). Each implements
+:class:`b300.interfaces.ReplicationTarget`. Partial copies are kept under
+``<rel>.b300part`` on file-like targets so an interrupted copy continues where
+it stopped; S3 re-sends a file whose upload did not finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import shutil
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from b300.interfaces import RemoteFile
+
+_CHUNK = 1 << 20
+_PART = ".b300part"
+_RECORD = ".b300-replica.json"
+
+
+def _check_name(replica: str, rel: str = "") -> None:
+    """Names come from our own walks, but a target must never be steered outside its base."""
+    parts = [replica, *(rel.split("/") if rel else [])]
+    if "/" in replica or any(p in ("", ".", "..") or "\x00" in p for p in parts):
+        raise ValueError(f"unsafe replica path {replica!r}/{rel!r}")
+
+
+def _read_chunks(path: str, offset: int, on_chunk: Callable[[int], None]) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        while True:
+            on_chunk(_CHUNK)
+            chunk = fh.read(_CHUNK)
+            if not chunk:
+                return
+            yield chunk
+
+
+class FilesystemTarget:
+    """Replicas as directories under ``path`` on a mounted file system."""
+
+    def __init__(self, *, path: str, name: str = "filesystem") -> None:
+        self.name = name
+        self._base = os.path.abspath(path)
+
+    def _dir(self, replica: str) -> str:
+        _check_name(replica)
+        return os.path.join(self._base, replica)
+
+    def stat_files(self, replica: str) -> dict[str, RemoteFile]:
+        base = self._dir(replica)
+        found: dict[str, RemoteFile] = {}
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                rel = os.path.relpath(os.path.join(dirpath, f), base).replace(os.sep, "/")
+                size = os.lstat(os.path.join(dirpath, f)).st_size
+                if rel.endswith(_PART):
+                    key = rel[: -len(_PART)]
+                    found[key] = RemoteFile(found.get(key, RemoteFile()).size, size)
+                elif rel != _RECORD:
+                    found[rel] = RemoteFile(size, found.get(rel, RemoteFile()).partial)
+        return found
+
+    def put_file(self, local_path: str, replica: str, rel: str, size: int, offset: int,
+                 on_chunk: Callable[[int], None]) -> int:
+        _check_name(replica, rel)
+        final = os.path.join(self._dir(replica), *rel.split("/"))
+        part = final + _PART
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        sent = 0
+        with open(part, "r+b" if offset else "wb") as out:
+            out.seek(offset)
+            out.truncate()
+            for chunk in _read_chunks(local_path, offset, on_chunk):
+                out.write(chunk)
+                sent += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(part, final)
+        return sent
+
+    def read_file(self, replica: str, rel: str) -> Iterator[bytes]:
+        _check_name(replica, rel)
+        yield from _read_chunks(os.path.join(self._dir(replica), *rel.split("/")), 0, lambda n: None)
+
+    def put_record(self, replica: str, data: bytes) -> None:
+        target = os.path.join(self._dir(replica), _RECORD)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target + ".tmp", "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(target + ".tmp", target)
+
+    def get_record(self, replica: str) -> bytes | None:
+        try:
+            with open(os.path.join(self._dir(replica), _RECORD), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+
+    def delete_record(self, replica: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self._dir(replica), _RECORD))
+
+    def list_replicas(self) -> list[str]:
+        try:
+            names = os.listdir(self._base)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if os.path.isfile(os.path.join(self._base, n, _RECORD)))
+
+    def delete_replica(self, replica: str) -> None:
+        self.delete_record(replica)
+        shutil.rmtree(self._dir(replica), ignore_errors=True)
+
+    def close(self) -> None:
+        pass
+
+
+class SftpTarget:
+    """Replicas under ``path`` on an SSH server, one SFTP session per sending thread.
+
+    The server's host key must be in ``known_hosts`` (an unknown or changed key
+    is refused: paramiko's RejectPolicy). Authentication by ``key_filename``.
+    """
+
+    def __init__(self, *, host: str, path: str, username: str, key_filename: str, known_hosts: str,
+                 port: int = 22, name: str = "sftp", timeout: float = 30.0) -> None:
+        import paramiko
+
+        self.name = name
+        self._base = path.rstrip("/") or "/"
+        self._client = paramiko.SSHClient()
+        self._client.load_host_keys(known_hosts)
+        self._client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        self._client.connect(host, port=port, username=username, key_filename=key_filename,
+                             timeout=timeout, allow_agent=False, look_for_keys=False)
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _sftp(self) -> Iterator[Any]:
+        """An idle SFTP session of the pool (sshd caps sessions per connection, 10 by default)."""
+        with self._lock:
+            sftp = self._idle.pop() if self._idle else None
+        if sftp is None:
+            sftp = self._client.open_sftp()
+        try:
+            yield sftp
+        except BaseException:
+            sftp.close()  # its state (open handles, a half-done request) is unknown
+            raise
+        with self._lock:
+            self._idle.append(sftp)
+
+    def _dir(self, replica: str) -> str:
+        _check_name(replica)
+        return posixpath.join(self._base, replica)
+
+    @staticmethod
+    def _makedirs(sftp: Any, path: str) -> None:
+        current = ""
+        for part in path.strip("/").split("/"):
+            current += "/" + part
+            try:
+                sftp.stat(current)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):  # another thread may have made it
+                    sftp.mkdir(current)
+
+    def stat_files(self, replica: str) -> dict[str, RemoteFile]:
+        found: dict[str, RemoteFile] = {}
+        stack = [("", self._dir(replica))]
+        with self._sftp() as sftp:
+            while stack:
+                prefix, path = stack.pop()
+                try:
+                    entries = sftp.listdir_attr(path)
+                except FileNotFoundError:
+                    continue
+                for a in entries:
+                    rel = prefix + a.filename
+                    if stat.S_ISDIR(a.st_mode or 0):
+                        stack.append((rel + "/", path + "/" + a.filename))
+                    elif rel.endswith(_PART):
+                        key = rel[: -len(_PART)]
+                        found[key] = RemoteFile(found.get(key, RemoteFile()).size, a.st_size or 0)
+                    elif rel != _RECORD:
+                        found[rel] = RemoteFile(a.st_size or 0, found.get(rel, RemoteFile()).partial)
+        return found
+
+    def put_file(self, local_path: str, replica: str, rel: str, size: int, offset: int,
+                 on_chunk: Callable[[int], None]) -> int:
+        _check_name(replica, rel)
+        final = posixpath.join(self._dir(replica), rel)
+        part = final + _PART
+        sent = 0
+        with self._sftp() as sftp:
+            self._makedirs(sftp, posixpath.dirname(final))
+            with sftp.open(part, "r+" if offset else "w") as out:
+                out.set_pipelined(True)
+                if offset:
+                    out.truncate(offset)
+                    out.seek(offset)
+                for chunk in _read_chunks(local_path, offset, on_chunk):
+                    out.write(chunk)
+                    sent += len(chunk)
+            sftp.posix_rename(part, final)
+        return sent
+
+    def read_file(self, replica: str, rel: str) -> Iterator[bytes]:
+        _check_name(replica, rel)
+        with self._sftp() as sftp, sftp.open(posixpath.join(self._dir(replica), rel), "r") as fh:
+            fh.prefetch()
+            while chunk := fh.read(_CHUNK):
+                yield chunk
+
+    def put_record(self, replica: str, data: bytes) -> None:
+        target = posixpath.join(self._dir(replica), _RECORD)
+        with self._sftp() as sftp:
+            self._makedirs(sftp, self._dir(replica))
+            sftp.putfo(io.BytesIO(data), target + ".tmp")
+            sftp.posix_rename(target + ".tmp", target)
+
+    def get_record(self, replica: str) -> bytes | None:
+        buf = io.BytesIO()
+        with self._sftp() as sftp:
+            try:
+                sftp.getfo(posixpath.join(self._dir(replica), _RECORD), buf)
+            except FileNotFoundError:
+                return None
+        return buf.getvalue()
+
+    def delete_record(self, replica: str) -> None:
+        with self._sftp() as sftp, contextlib.suppress(FileNotFoundError):
+            sftp.remove(posixpath.join(self._dir(replica), _RECORD))
+
+    def list_replicas(self) -> list[str]:
+        out = []
+        with self._sftp() as sftp:
+            try:
+                names = sftp.listdir(self._base)
+            except FileNotFoundError:
+                return []
+            for n in names:
+                try:
+                    sftp.stat(posixpath.join(self._base, n, _RECORD))
+                except FileNotFoundError:
+                    continue
+                out.append(n)
+        return sorted(out)
+
+    def delete_replica(self, replica: str) -> None:
+        self.delete_record(replica)
+        base = self._dir(replica)
+        dirs = [base]
+        stack = [base]
+        with self._sftp() as sftp:
+            while stack:
+                path = stack.pop()
+                try:
+                    entries = sftp.listdir_attr(path)
+                except FileNotFoundError:
+                    continue
+                for a in entries:
+                    child = path + "/" + a.filename
+                    if stat.S_ISDIR(a.st_mode or 0):
+                        dirs.append(child)
+                        stack.append(child)
+                    else:
+                        sftp.remove(child)
+            for d in reversed(dirs):
+                with contextlib.suppress(OSError):
+                    sftp.rmdir(d)
+
+    def close(self) -> None:
+        with self._lock:
+            for sftp in self._idle:
+                sftp.close()
+            self._idle.clear()
+        self._client.close()
+
+
+class _ThrottledReader(io.RawIOBase):
+    """A file read through the bandwidth limit (boto3 reads it in its own threads)."""
+
+    def __init__(self, path: str, on_chunk: Callable[[int], None]) -> None:
+        self._fh = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._on_chunk = on_chunk
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._fh.read(size)
+        if data:
+            self._on_chunk(len(data))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+class S3Target:
+    """Replicas as objects ``<prefix><replica>/<rel>`` in an S3 bucket.
+
+    Large files go up as multipart uploads (``part_size``); every upload
+    carries a SHA-256 checksum the server checks. ``endpoint_url`` and the
+    credentials options are passed to boto3 as they are.
+    """
+
+    def __init__(self, *, bucket: str, prefix: str = "", name: str = "s3", endpoint_url: str | None = None,
+                 region_name: str | None = None, aws_access_key_id: str | None = None,
+                 aws_secret_access_key: str | None = None, part_size: int = 64 << 20,
+                 max_concurrency: int = 4) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        self.name = name
+        self._bucket = bucket
+        self._prefix = prefix
+        self._s3 = boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name,
+                                aws_access_key_id=aws_access_key_id,
+                                aws_secret_access_key=aws_secret_access_key)
+        self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
+                                        max_concurrency=max_concurrency, use_threads=True)
+
+    def _key(self, replica: str, rel: str) -> str:
+        _check_name(replica, rel)
+        return f"{self._prefix}{replica}/{rel}"
+
+    def stat_files(self, replica: str) -> dict[str, RemoteFile]:
+        _check_name(replica)
+        prefix = f"{self._prefix}{replica}/"
+        found: dict[str, RemoteFile] = {}
+        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix):]
+                if rel != _RECORD:
+                    found[rel] = RemoteFile(int(obj["Size"]))
+        return found
+
+    def put_file(self, local_path: str, replica: str, rel: str, size: int, offset: int,
+                 on_chunk: Callable[[int], None]) -> int:
+        # An object appears only when its (multipart) upload completes, so there is
+        # no partial object to continue: ``offset`` is ignored and the file re-sent.
+        reader = _ThrottledReader(local_path, on_chunk)
+        try:
+            self._s3.upload_fileobj(reader, self._bucket, self._key(replica, rel),
+                                    ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=self._transfer)
+        finally:
+            reader.close()
+        return size
+
+    def read_file(self, replica: str, rel: str) -> Iterator[bytes]:
+        try:
+            body = self._s3.get_object(Bucket=self._bucket, Key=self._key(replica, rel))["Body"]
+        except self._s3.exceptions.NoSuchKey:
+            raise FileNotFoundError(rel) from None
+        try:
+            while chunk := body.read(_CHUNK):
+                yield chunk
+        finally:
+            body.close()
+
+    def put_record(self, replica: str, data: bytes) -> None:
+        self._s3.put_object(Bucket=self._bucket, Key=self._key(replica, _RECORD), Body=data,
+                            ChecksumAlgorithm="SHA256")
+
+    def get_record(self, replica: str) -> bytes | None:
+        try:
+            body = self._s3.get_object(Bucket=self._bucket, Key=self._key(replica, _RECORD))["Body"]
+        except self._s3.exceptions.NoSuchKey:
+            return None
+        data: bytes = body.read()
+        return data
+
+    def delete_record(self, replica: str) -> None:
+        self._s3.delete_object(Bucket=self._bucket, Key=self._key(replica, _RECORD))
+
+    def list_replicas(self) -> list[str]:
+        names = []
+        paginator = self._s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self._bucket, Prefix=self._prefix, Delimiter="/"):
+            for p in page.get("CommonPrefixes", []):
+                replica = p["Prefix"][len(self._prefix):].rstrip("/")
+                if self.get_record(replica) is not None:
+                    names.append(replica)
+        return sorted(names)
+
+    def delete_replica(self, replica: str) -> None:
+        self.delete_record(replica)
+        keys = [self._key(replica, rel) for rel in self.stat_files(replica)]
+        for i in range(0, len(keys), 1000):
+            self._s3.delete_objects(Bucket=self._bucket,
+                                    Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
+
+    def close(self) -> None:
+        self._s3.close()

@@ -1,0 +1,155 @@
+"""Replication to a local path, a real sshd over SFTP and moto's S3 server: copy, resume, verify, prune."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from ckpt_fixtures import S3Server, SshServer, write_file
+
+from b300.checkpoints.layouts import load_layout
+from b300.checkpoints.manifest import Manifest, ensure_manifest
+from b300.checkpoints.replicate import (
+    Throttle,
+    load_target,
+    replica_records,
+    replicate,
+    verify_replica,
+)
+from b300.errors import UsageError
+from b300.interfaces import ReplicationTarget
+from b300.model import CheckpointInfo
+
+NOW = datetime(2026, 11, 29, 12, tzinfo=UTC)
+
+
+def _checkpoint(root: Path, step: int, big: int = 3 << 20) -> tuple[CheckpointInfo, Manifest]:
+    d = root / f"step_{step}"
+    write_file(d / "big.bin", os.urandom(big))
+    for i in range(5):
+        write_file(d / "shards" / f"__{i}_0.distcp", os.urandom(1000 + i))
+    write_file(d / "odd name $(x) ;'.pt", b"odd")
+    write_file(d / "DONE", b"")
+    (ck,) = [c for c in load_layout("generic").list_checkpoints(str(root)) if c.step == step]
+    return ck, ensure_manifest(ck.path, NOW)
+
+
+@pytest.fixture(params=["filesystem", "sftp", "s3"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReplicationTarget]:
+    kind = request.param
+    if kind == "filesystem":
+        t = load_target("filesystem", {"path": str(tmp_path / "offsite")})
+    elif kind == "sftp":
+        ssh: SshServer = request.getfixturevalue("sshd")
+        remote = ssh.base / request.node.name.replace("[", "_").replace("]", "")
+        t = load_target("sftp", {"host": "127.0.0.1", "port": ssh.port, "username": ssh.username,
+                                 "key_filename": ssh.key_filename, "known_hosts": ssh.known_hosts,
+                                 "path": str(remote)})
+    else:
+        s3: S3Server = request.getfixturevalue("s3_server")
+        t = load_target("s3", {"bucket": s3.bucket, "prefix": f"{request.node.name}/",
+                               "endpoint_url": s3.endpoint_url, "region_name": "us-east-1",
+                               "aws_access_key_id": "test", "aws_secret_access_key": "test",
+                               "part_size": 5 << 20})
+    yield t
+    t.close()
+
+
+def test_copy_is_verified_and_a_second_run_sends_nothing(tmp_path: Path, target: ReplicationTarget) -> None:
+    ck, manifest = _checkpoint(tmp_path / "src", 100, big=11 << 20)  # 3 parts on S3
+    result = replicate(ck, manifest, target, concurrency=3)
+    assert result.ok and result.files_sent == 8 and result.bytes_sent >= 11 << 20
+    assert verify_replica("step_100", target) == ()
+    assert [r.step for r in replica_records(target)] == [100]
+    again = replicate(ck, manifest, target)
+    assert again.ok and again.bytes_sent == 0 and again.files_sent == 0
+
+
+class _CutAfter:
+    """The bandwidth limiter's hook, used to cut a transfer the way a dropped link would."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    def __call__(self, n: int) -> None:
+        self.seen += n
+        if self.seen > self.limit:
+            raise ConnectionResetError("link dropped")
+
+
+def test_an_interrupted_copy_resumes_and_ends_verified(tmp_path: Path, target: ReplicationTarget) -> None:
+    ck, manifest = _checkpoint(tmp_path / "src", 7, big=6 << 20)
+    cut = Throttle(None)
+    cut.consume = _CutAfter(3 << 20)  # type: ignore[method-assign]
+    with pytest.raises(ConnectionResetError):
+        replicate(ck, manifest, target, concurrency=1, throttle=cut)
+    assert target.list_replicas() == []  # no record: not a replica yet
+    resumed = replicate(ck, manifest, target, concurrency=2)
+    assert resumed.ok
+    if target.name != "s3":  # file targets continue the partial file, S3 re-sends it
+        assert resumed.bytes_sent < manifest.size_bytes
+    assert verify_replica("step_7", target) == ()
+
+
+def test_a_corrupted_replica_fails_verification_and_is_repaired(tmp_path: Path) -> None:
+    t = load_target("filesystem", {"path": str(tmp_path / "offsite")})
+    ck, manifest = _checkpoint(tmp_path / "src", 3)
+    assert replicate(ck, manifest, t).ok
+    victim = tmp_path / "offsite" / "step_3" / "big.bin"
+    data = bytearray(victim.read_bytes())
+    data[5] ^= 1
+    victim.write_bytes(bytes(data))
+    assert verify_replica("step_3", t) == ("'big.bin' differs on filesystem",)
+    t.delete_record("step_3")  # what the daemon does when a replica fails verification
+    assert replicate(ck, manifest, t).ok
+    assert verify_replica("step_3", t) == ()
+
+
+def test_unknown_host_key_is_refused(tmp_path: Path, sshd: SshServer) -> None:
+    other = tmp_path / "known_hosts"
+    other.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 "
+                     "AAAAC3NzaC1lZDI1NTE5AAAAIGxkZXZpY2UtdGVzdC1rZXktbm90LXRoZS1ob3N0LWtleQ==\n")
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    import paramiko
+
+    for known in (other, empty):
+        with pytest.raises(paramiko.SSHException):
+            load_target("sftp", {"host": "127.0.0.1", "port": sshd.port, "username": sshd.username,
+                                 "key_filename": sshd.key_filename, "known_hosts": str(known),
+                                 "path": str(sshd.base / "never")})
+
+
+def test_bandwidth_limit_paces_the_sender() -> None:
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+
+    throttle = Throttle(1000.0, clock=lambda: clock[0], sleep=sleep)
+    for _ in range(10):
+        throttle.consume(500)
+    # 5000 bytes at 1000 B/s with a 1000-byte burst: 4 s of waiting.
+    assert sum(slept) == pytest.approx(4.0)
+
+
+def test_remote_prune_deletes_the_replica(tmp_path: Path, target: ReplicationTarget) -> None:
+    ck, manifest = _checkpoint(tmp_path / "src", 1, big=1000)
+    assert replicate(ck, manifest, target).ok
+    target.delete_replica("step_1")
+    assert target.list_replicas() == []
+    assert target.stat_files("step_1") == {}
+
+
+def test_unknown_target_kind_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        load_target("carrier-pigeon", {})
+    with pytest.raises(UsageError):
+        load_target("filesystem", {"nope": 1})
+
