@@ -1,0 +1,167 @@
+"""What the daemon knows about checkpoints beyond the files: verification, marks, replicas.
+
+:class:`CheckpointStore` works on the same database as :class:`SqlStore` (it
+uses its sessions, so writes commit atomically with their events) and hands
+out frozen :class:`StoredCheckpoint` records; its rows never leave this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from ..checkpoints.retention import CheckpointState
+from ..errors import NotFoundError
+from ..interfaces import NewEvent
+from ..model import CheckpointInfo
+from .checkpoint_tables import CheckpointReplicaRow, CheckpointRow
+from .sql_store import SqlStore
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A checkpoint as last listed, with ``verified`` None until checked against its manifest."""
+
+    run_id: str
+    info: CheckpointInfo
+    verified: bool | None
+    verified_at: datetime | None
+    marked: bool
+    replicas: dict[str, bool]
+    deleted_at: datetime | None = None
+
+    @property
+    def replicated_to(self) -> frozenset[str]:
+        return frozenset(t for t, ok in self.replicas.items() if ok)
+
+    def state(self) -> CheckpointState:
+        """The record retention plans over."""
+        return CheckpointState(self.info, verified=bool(self.verified), marked=self.marked,
+                               replicated_to=self.replicated_to)
+
+
+class CheckpointStore:
+    """Checkpoint bookkeeping on a :class:`SqlStore`'s database (tables of revision 0201)."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self._store = store
+
+    def record_listing(self, run_id: str, checkpoints: Sequence[CheckpointInfo], now: datetime) -> None:
+        """Upsert what a layout listed for the run.
+
+        A checkpoint whose size, file count or time changed since it was
+        verified loses its verdict (it must be verified again). Rows of
+        checkpoints no longer listed are marked deleted.
+        """
+        listed = {c.path: c for c in checkpoints}
+        with self._store._write() as session:
+            query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
+            rows = {r.path: r for r in session.exec(query)}
+            for path, info in listed.items():
+                row = rows.get(path)
+                if row is None:
+                    session.add(CheckpointRow(run_id=run_id, path=path, step=info.step, mtime=info.mtime,
+                                              complete=info.complete, size_bytes=info.size_bytes,
+                                              files=info.files, updated_at=now))
+                    continue
+                changed = (row.size_bytes, row.files, row.mtime, row.complete) != (
+                    info.size_bytes, info.files, info.mtime, info.complete)
+                if changed:
+                    row.step, row.mtime, row.complete = info.step, info.mtime, info.complete
+                    row.size_bytes, row.files = info.size_bytes, info.files
+                    row.verified, row.verified_at = None, None
+                if changed or row.deleted_at is not None:
+                    row.deleted_at = None
+                    row.updated_at = now
+                    session.add(row)
+            for path, row in rows.items():
+                if path not in listed and row.deleted_at is None:
+                    row.deleted_at = now
+                    row.updated_at = now
+                    session.add(row)
+
+    def record_verification(self, run_id: str, path: str, ok: bool, now: datetime,
+                            problems: Sequence[str] = ()) -> None:
+        """Store a verification verdict; a failure is also a ``checkpoint.corrupt`` event."""
+        with self._store._write() as session:
+            row = _row(session, run_id, path)
+            row.verified, row.verified_at, row.updated_at = ok, now, now
+            session.add(row)
+            if not ok:
+                self._store._add_events(session, [NewEvent(
+                    "checkpoint.corrupt", data={"path": path, "problems": list(problems)[:20]})], now,
+                    run_id=run_id)
+
+    def set_marked(self, run_id: str, path: str, marked: bool, now: datetime, actor: str = "daemon") -> None:
+        """Mark a checkpoint to keep it whatever retention says (or unmark it)."""
+        with self._store._write() as session:
+            row = _row(session, run_id, path)
+            row.marked, row.updated_at = marked, now
+            session.add(row)
+            self._store._add_events(session, [NewEvent(
+                "checkpoint.marked" if marked else "checkpoint.unmarked", actor=actor, data={"path": path})],
+                now, run_id=run_id)
+
+    def record_replica(self, run_id: str, path: str, target: str, ok: bool, now: datetime, *,
+                       bytes_sent: int = 0, error: str = "") -> None:
+        """Store the outcome of copying a checkpoint to ``target``, with a ``checkpoint.replicated``
+        or ``checkpoint.replication_failed`` event."""
+        with self._store._write() as session:
+            row = _row(session, run_id, path)
+            rep = session.exec(select(CheckpointReplicaRow).where(
+                CheckpointReplicaRow.checkpoint_id == row.id, CheckpointReplicaRow.target == target)).first()
+            if rep is None:
+                assert row.id is not None
+                rep = CheckpointReplicaRow(checkpoint_id=row.id, target=target, ok=ok, updated_at=now)
+            rep.ok, rep.bytes_sent, rep.error, rep.updated_at = ok, bytes_sent, error, now
+            session.add(rep)
+            self._store._add_events(session, [NewEvent(
+                "checkpoint.replicated" if ok else "checkpoint.replication_failed",
+                data={"path": path, "target": target, "bytes_sent": bytes_sent, "error": error})],
+                now, run_id=run_id)
+
+    def record_pruned(self, run_id: str, paths: Sequence[str], now: datetime, actor: str = "daemon") -> None:
+        """Record that ``paths`` were deleted by a prune (one ``checkpoint.pruned`` event)."""
+        if not paths:
+            return
+        with self._store._write() as session:
+            for path in paths:
+                row = _row(session, run_id, path)
+                row.deleted_at, row.updated_at = now, now
+                session.add(row)
+            self._store._add_events(session, [NewEvent(
+                "checkpoint.pruned", actor=actor, data={"paths": list(paths)})], now, run_id=run_id)
+
+    def checkpoints(self, run_id: str, *, include_deleted: bool = False) -> list[StoredCheckpoint]:
+        """The run's checkpoints by step, oldest first, with their replicas."""
+        with self._store._read() as session:
+            query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
+            if not include_deleted:
+                query = query.where(col(CheckpointRow.deleted_at).is_(None))
+            rows = session.exec(query.order_by(col(CheckpointRow.step), col(CheckpointRow.path))).all()
+            ids = [r.id for r in rows]
+            replicas: dict[int, dict[str, bool]] = {}
+            if ids:
+                for rep in session.exec(select(CheckpointReplicaRow).where(
+                        col(CheckpointReplicaRow.checkpoint_id).in_(ids))):
+                    replicas.setdefault(rep.checkpoint_id, {})[rep.target] = rep.ok
+            return [_to_record(r, replicas.get(r.id or 0, {})) for r in rows]
+
+
+def _row(session: Session, run_id: str, path: str) -> CheckpointRow:
+    row = session.exec(select(CheckpointRow).where(
+        CheckpointRow.run_id == run_id, CheckpointRow.path == path)).first()
+    if row is None:
+        raise NotFoundError(f"checkpoint {path!r} of run '{run_id}' is not known")
+    return row
+
+
+def _to_record(row: CheckpointRow, replicas: dict[str, bool]) -> StoredCheckpoint:
+    info = CheckpointInfo(path=row.path, step=row.step, mtime=row.mtime, complete=row.complete,
+                          size_bytes=row.size_bytes, files=row.files)
+    return StoredCheckpoint(run_id=row.run_id, info=info, verified=row.verified, verified_at=row.verified_at,
+                            marked=row.marked, replicas=dict(sorted(replicas.items())),
+                            deleted_at=row.deleted_at)
