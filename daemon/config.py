@@ -31,6 +31,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .drift.config import DriftConfig, parse_drift_config
 from .errors import ConfigError
 from .validate import get_str, get_table, parse_duration, reject_unknown
 
@@ -57,6 +58,7 @@ class Config:
     slurm_conf: str | None = None
     slurm_bin_dir: str | None = None
     slurm_timeout_s: float = 30.0
+    drift: DriftConfig | None = None  # [drift]: see b300.drift.config
 
 
 def config_path(explicit: str | None) -> str:
@@ -76,7 +78,7 @@ def load_config(path: str) -> Config:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    reject_unknown(doc, {"daemon", "slurm"}, path, ConfigError)
+    reject_unknown(doc, {"daemon", "slurm", "drift"}, path, ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
     reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "poll_interval", "submit_grace",
@@ -126,4 +128,5 @@ def load_config(path: str) -> Config:
             f"|{_ABS.pattern}"), what="an absolute path") or None,
         slurm_timeout_s=parse_duration(s.get("command_timeout", 30), "command_timeout", sw,
                                        ConfigError),
+        drift=parse_drift_config(get_table(doc, "drift", path, ConfigError), path) if "drift" in doc else None,
     )

@@ -21,7 +21,10 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from ..errors import ConfigError, StoreError
-from . import checkpoint_tables  # noqa: F401 - registers the checkpoint tables in METADATA
+from . import (
+    checkpoint_tables,  # noqa: F401 - registers the checkpoint tables in METADATA
+    drift_tables,  # noqa: F401 - registers the drift tables in METADATA
+)
 from .sql_store import WRITE_OPTION, SqlStore, masked, store_errors
 
 __all__ = ["SqlStore", "open_store"]

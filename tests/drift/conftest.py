@@ -1,0 +1,44 @@
+"""Simulated nodes for the drift tests: real sshd instances on loopback (see drift_nodes.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import drift_nodes as dn
+import pytest
+
+BASE_PORT = 22201
+
+
+@dataclass
+class Sim:
+    nodes: dict[str, dn.SimNode]
+    key: Path
+    known_hosts: Path
+    base: Path
+
+    def port(self, name: str) -> int:
+        return self.nodes[name].port
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """Six nodes: good1-4 alike, ``hung`` (nvidia-smi sleeps 8 s), ``garbage`` (prints ERR!)."""
+    base = tmp_path_factory.mktemp("simnodes")
+    key = dn.client_key(base)
+    auth = base / "authorized_keys"
+    auth.write_text(Path(f"{key}.pub").read_text())
+    specs = {f"good{i}": dn.Versions() for i in range(1, 5)}
+    specs["hung"] = dn.Versions(hang_s=8)
+    specs["garbage"] = dn.Versions(garbage=True)
+    nodes = {name: dn.make_node(base, name, BASE_PORT + i, v, auth)
+             for i, (name, v) in enumerate(specs.items())}
+    known = base / "known_hosts"
+    known.write_text("".join(n.known_hosts_line() for n in nodes.values()))
+    dn.start(nodes.values())
+    try:
+        yield Sim(nodes, key, known, base)
+    finally:
+        dn.stop(nodes.values())
