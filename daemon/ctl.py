@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from sqlalchemy.engine import make_url
 
+from .checkpoints.cli import add_checkpoint_commands, run_checkpoint_command
 from .config import Config, config_path, load_config
 from .control import call_daemon
 from .drift.cli import add_drift_commands, run_drift_command
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("cancel", help="cancel a run's active attempt")
     p.add_argument("run", help="run id")
     add_drift_commands(sub, [common])
+    add_checkpoint_commands(sub, [common])
     add_node_commands(add)
     return ap
 
@@ -74,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(config_path(args.config))
         if args.command == "status":
             return _status(cfg, args)
+        if args.command == "checkpoints":
+            return run_checkpoint_command(cfg, args, _open_store)
         if args.command == "drift":
             return run_drift_command(cfg, args, _open_store)
         if args.command == "nodes":
