@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import drift_nodes as dn
 import pytest
+from drift_nodes import Sim
 
 BASE_PORT = 22201
-
-
-@dataclass
-class Sim:
-    nodes: dict[str, dn.SimNode]
-    key: Path
-    known_hosts: Path
-    base: Path
-
-    def port(self, name: str) -> int:
-        return self.nodes[name].port
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,19 @@ class SimNode:
         tmp.replace(lib / "libnccl.so.2")
 
 
+@dataclass
+class Sim:
+    """The simulated nodes of a test session, the client key and the known_hosts file."""
+
+    nodes: dict[str, SimNode]
+    key: Path
+    known_hosts: Path
+    base: Path
+
+    def port(self, name: str) -> int:
+        return self.nodes[name].port
+
+
 def client_key(base: Path) -> Path:
     """An ed25519 key pair for the tests' SSH client (created once)."""
     key = base / "client_ed25519"

@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import Sim
+from drift_nodes import Sim
 
 from helpers import cancel_test_jobs, make_daemon
 

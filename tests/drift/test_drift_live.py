@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Sim
+from drift_nodes import Sim
 
 from b300.drift.config import DriftConfig, parse_drift_config
 from b300.drift.plugins import load_probes
