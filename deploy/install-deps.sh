@@ -12,7 +12,7 @@ die() { log "ERROR: $*"; exit 1; }
 
 PKGS=(
   slurmctld slurmd slurm-client slurmdbd
-  munge openssh-server clustershell
+  munge openssh-server openssh-client clustershell rsync
   procps iproute2 coreutils util-linux
 )
 

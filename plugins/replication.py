@@ -25,6 +25,7 @@ from b300.interfaces import RemoteFile
 _CHUNK = 1 << 20
 _PART = ".b300part"
 _RECORD = ".b300-replica.json"
+_SFTP_WINDOW = 64 << 20
 
 
 def _check_name(replica: str, rel: str = "") -> None:
@@ -146,6 +147,7 @@ class SftpTarget:
         self._client.connect(host, port=port, username=username, key_filename=key_filename,
                              timeout=timeout, allow_agent=False, look_for_keys=False)
         self._idle: list[Any] = []
+        self._made: set[str] = set()  # remote directories known to exist
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -154,7 +156,13 @@ class SftpTarget:
         with self._lock:
             sftp = self._idle.pop() if self._idle else None
         if sftp is None:
-            sftp = self._client.open_sftp()
+            import paramiko
+
+            transport = self._client.get_transport()
+            if transport is None:
+                raise ConnectionError(f"SSH connection of target {self.name} is closed")
+            # A window of 2 MiB (paramiko's default) caps throughput on any real link.
+            sftp = paramiko.SFTPClient.from_transport(transport, window_size=_SFTP_WINDOW)
         try:
             yield sftp
         except BaseException:
@@ -167,16 +175,20 @@ class SftpTarget:
         _check_name(replica)
         return posixpath.join(self._base, replica)
 
-    @staticmethod
-    def _makedirs(sftp: Any, path: str) -> None:
+    def _makedirs(self, sftp: Any, path: str) -> None:
+        if path in self._made:
+            return
         current = ""
         for part in path.strip("/").split("/"):
             current += "/" + part
+            if current in self._made:
+                continue
             try:
                 sftp.stat(current)
             except FileNotFoundError:
                 with contextlib.suppress(OSError):  # another thread may have made it
                     sftp.mkdir(current)
+            self._made.add(current)
 
     def stat_files(self, replica: str) -> dict[str, RemoteFile]:
         found: dict[str, RemoteFile] = {}
@@ -282,6 +294,8 @@ class SftpTarget:
             for d in reversed(dirs):
                 with contextlib.suppress(OSError):
                     sftp.rmdir(d)
+        with self._lock:
+            self._made = {d for d in self._made if d != base and not d.startswith(base + "/")}
 
     def close(self) -> None:
         with self._lock:
