@@ -88,6 +88,7 @@ class DriftScanner:
         others = [r for r in reports_from_matrix(old_matrix)
                   if r.node not in scanned and r.node in self._partitions]
         findings = find_differences([*reports, *others], self.config.pinned, self._policies, judge=scanned)
+        matrix = _merge(old_matrix, reports, now, self._partitions)
         open_findings = self.store.open_findings()
         drained = self.store.drained_nodes()
         errors: list[str] = []
@@ -99,11 +100,11 @@ class DriftScanner:
                 # Without Slurm's view we could overwrite a person's drain: act next time.
                 errors.append(f"sinfo: {exc}")
                 plan = plan_actions(reports, findings, open_findings, drained, {})
-                self.store.record_scan(now, now, len(scanned), _merge(old_matrix, reports, now),
+                self.store.record_scan(now, now, len(scanned), matrix,
                                        plan.open, plan.close, actor)
                 return _result(now, collected, reports, findings, plan.open, plan.close, (), (), errors)
         plan = plan_actions(reports, findings, open_findings, drained, reasons)
-        self.store.record_scan(now, now, len(scanned), _merge(old_matrix, reports, now),
+        self.store.record_scan(now, now, len(scanned), matrix,
                                plan.open, plan.close, actor)
         for f in plan.open:
             log.warning("drift.finding", node=f.node, probe=f.probe, kind=f.kind.value,
@@ -160,8 +161,10 @@ def reports_from_matrix(matrix: Mapping[str, Any]) -> list[NodeReport]:
     return out
 
 
-def _merge(old: Mapping[str, Any], reports: Sequence[NodeReport], now: datetime) -> dict[str, Any]:
-    merged = dict(old)
+def _merge(old: Mapping[str, Any], reports: Sequence[NodeReport], now: datetime,
+           configured: Mapping[str, str]) -> dict[str, Any]:
+    # Nodes taken out of [drift.nodes] leave the matrix.
+    merged = {node: row for node, row in old.items() if node in configured}
     for r in reports:
         merged[r.node] = report_to_json(r, now)
     return merged
