@@ -32,13 +32,15 @@ Clock = Callable[[], datetime]
 _PATH_RE = re.compile(r"/[^\x00\n]{0,4000}")
 
 
-def crashpoint(name: str) -> None:
-    """Die here, as SIGKILL would, when ``B300_CRASH_AT`` names this point.
+def crashpoint(name: str, attempt: int | None = None) -> None:
+    """Die here, as SIGKILL would, when ``B300_CRASH_AT`` names this point
+    (``name``, or ``name_a<attempt>`` for one attempt number only).
 
     The crash-safety tests use it to stop the real daemon between an intent
     and its confirmation; it does nothing otherwise.
     """
-    if os.environ.get("B300_CRASH_AT") == name:
+    where = os.environ.get("B300_CRASH_AT")
+    if where and where in (name, f"{name}_a{attempt}"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -179,7 +181,7 @@ class RunService:
         )
         if self._log_dir and not spec.output:
             os.makedirs(self._log_dir, mode=0o750, exist_ok=True)
-        crashpoint("before_sbatch")
+        crashpoint("before_sbatch", attempt.number)
         try:
             job_id = self._slurm.submit(request)
         except SlurmError as exc:
@@ -197,7 +199,7 @@ class RunService:
                                  attempt_id=attempt.id, data={"error": str(exc)})])
             self._set_run_state(attempt.run_id, failed)
             raise
-        crashpoint("after_sbatch")
+        crashpoint("after_sbatch", attempt.number)
         now = self._clock()
         confirmed = self._store.confirm_attempt(attempt.id, job_id, now, events=[
             NewEvent("attempt.submitted", run_id=attempt.run_id, attempt_id=attempt.id,

@@ -74,10 +74,13 @@ class RetryPolicy:
 @dataclass(frozen=True, slots=True)
 class HealthPolicy:
     """Hang detection: the job writes its step to ``progress_file``; no new step
-    for ``hang_timeout_s`` while it runs means it hangs."""
+    for ``hang_timeout_s`` while it runs means it hangs. Before its first step
+    an attempt has ``startup_timeout_s`` (loading data and a checkpoint, NCCL
+    set-up), measured from its start."""
 
     progress_file: str | None = None
     hang_timeout_s: float = 1800.0
+    startup_timeout_s: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +178,14 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
 
 def _health(table: Mapping[str, Any], where: str) -> HealthPolicy:
     hw = f"{where}: [health]"
-    reject_unknown(table, {"progress_file", "hang_timeout"}, hw, SpecError)
+    reject_unknown(table, {"progress_file", "hang_timeout", "startup_timeout"}, hw, SpecError)
     return HealthPolicy(
         progress_file=get_str(table, "progress_file", hw, SpecError, pattern=ABS_PATH_RE,
                               what="an absolute path"),
         hang_timeout_s=parse_duration(table.get("hang_timeout", 1800), "hang_timeout", hw,
                                       SpecError),
+        startup_timeout_s=parse_duration(table.get("startup_timeout", 3600), "startup_timeout",
+                                         hw, SpecError),
     )
 
 
@@ -275,7 +280,8 @@ def dump_spec(spec: JobSpec) -> str:
     lines += ["", "[retries]", f"infra = {spec.retries.infra}",
               f"preemption = {spec.retries.preemption}",
               f"retryable_exit_codes = [{', '.join(map(str, spec.retries.retryable_exit_codes))}]",
-              "", "[health]", f"hang_timeout = {spec.health.hang_timeout_s!r}"]
+              "", "[health]", f"hang_timeout = {spec.health.hang_timeout_s!r}",
+              f"startup_timeout = {spec.health.startup_timeout_s!r}"]
     if spec.health.progress_file is not None:
         lines.append(f"progress_file = {_toml_str(spec.health.progress_file)}")
     return "\n".join(lines) + "\n"

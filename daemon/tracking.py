@@ -91,8 +91,10 @@ def observe_attempt(
     end = obs.end if state.is_terminal else None
     exit_code = obs.exit_code if obs.exit_code is not None else attempt.exit_code
     signal = obs.signal if obs.signal is not None else attempt.signal
-    if (state, nodes, obs.reason, start, end, exit_code, signal) == (
-        attempt.state, attempt.nodes, attempt.reason, attempt.start, attempt.end,
+    # A pending reason alone flips often (Priority <-> Resources) on a busy
+    # cluster; it is recorded with the next real change, not on its own.
+    if (state, nodes, start, end, exit_code, signal) == (
+        attempt.state, attempt.nodes, attempt.start, attempt.end,
         attempt.exit_code, attempt.signal,
     ):
         return None

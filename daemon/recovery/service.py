@@ -26,7 +26,7 @@ from ..config import RecoveryConfig
 from ..errors import SlurmError
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord, Run, RunState
-from ..runs import RunService
+from ..runs import RunService, crashpoint
 from ..spec import JobSpec, parse_spec
 from .classify import (
     BlackHolePolicy,
@@ -107,6 +107,7 @@ class RecoveryService:
         if not last.outcome:
             last = self._record_verdict(run, last, verdict, now)
             attempts[-1] = last
+            crashpoint("recovery_classified")
         self._drain(run, last, verdict.suspects, nodes_now, now)
         self._drain_black_holes(run, nodes_now, now)
         outcome = Outcome(last.outcome)
@@ -283,11 +284,17 @@ class RecoveryService:
                 continue
             step = _read_progress(spec.health.progress_file, attempt.start)
             seen = self._progress.get(attempt.id)
-            if seen is None or seen.step != step:
-                self._progress[attempt.id] = _Progress(step, now)
-                continue
-            stalled = (now - seen.since).total_seconds()
-            if stalled < spec.health.hang_timeout_s:
+            if step == "":
+                # No step yet in this attempt: it is still starting up.
+                since = attempt.start or now
+                limit = spec.health.startup_timeout_s
+            else:
+                if seen is None or seen.step != step:
+                    self._progress[attempt.id] = _Progress(step, now)
+                    continue
+                since, limit = seen.since, spec.health.hang_timeout_s
+            stalled = (now - since).total_seconds()
+            if stalled < limit:
                 continue
             data = {"job_id": attempt.slurm_job_id, "last_step": step or None,
                     "stalled_s": round(stalled, 1), "progress_file": spec.health.progress_file}

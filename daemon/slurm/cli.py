@@ -8,6 +8,7 @@ single argv elements.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -42,6 +43,9 @@ _TRANSIENT = re.compile(
     re.IGNORECASE,
 )
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Job ids per command line: 5,000 ids of up to 12 digits stay far below ARG_MAX's
+# 128 KiB per-argument cap.
+_MAX_IDS_PER_CALL = 5000
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -101,7 +105,9 @@ class CliSlurmClient:
         except subprocess.TimeoutExpired:
             raise SlurmError(f"{tool} timed out after {self._timeout:.0f} s", transient=True) from None
         except OSError as exc:
-            raise SlurmError(f"{tool} could not run: {exc}", transient=True) from None
+            # E2BIG (argument list too long) will not get better by retrying.
+            raise SlurmError(f"{tool} could not run: {exc}",
+                             transient=exc.errno != errno.E2BIG) from None
         if proc.returncode not in ok_codes:
             err = " ".join((proc.stderr or proc.stdout or "").split())[:300]
             raise SlurmError(
@@ -133,8 +139,12 @@ class CliSlurmClient:
     def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
         if not job_ids:
             return {}
-        ids = ",".join(str(int(j)) for j in sorted(set(job_ids)))
-        argv = ["squeue", "--noheader", "--states=all", f"--jobs={ids}", f"--format={SQUEUE_FORMAT}"]
+        wanted = set(job_ids)
+        argv = ["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
+        # With more than one id squeue loads the whole job table anyway (one RPC);
+        # past a few thousand ids, leave them off so the argv stays small.
+        if len(wanted) <= _MAX_IDS_PER_CALL:
+            argv.append(f"--jobs={','.join(str(int(j)) for j in sorted(wanted))}")
         try:
             out = self._call(argv)
         except SlurmError as exc:
@@ -145,18 +155,21 @@ class CliSlurmClient:
         records, bad = parse_squeue(out)
         if bad:
             log.warning("slurm.unparsed_lines", tool="squeue", count=len(bad), first=bad[0][:200])
-        wanted = set(job_ids)
         return {j: o for j, o in records.items() if j in wanted}
 
     def accounting(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
-        if not job_ids:
-            return {}
-        ids = ",".join(str(int(j)) for j in sorted(set(job_ids)))
-        out = self._call(["sacct", "--allocations", "--noheader", "--parsable2",
-                          f"--jobs={ids}", f"--format={SACCT_FIELDS}"])
-        records, bad = parse_sacct(out)
-        if bad:
-            log.warning("slurm.unparsed_lines", tool="sacct", count=len(bad), first=bad[0][:200])
+        ids = sorted({int(j) for j in job_ids})
+        records: dict[int, JobObservation] = {}
+        # sacct filters in slurmdbd, so ids must be named: chunks keep argv bounded.
+        for i in range(0, len(ids), _MAX_IDS_PER_CALL):
+            chunk = ",".join(map(str, ids[i:i + _MAX_IDS_PER_CALL]))
+            out = self._call(["sacct", "--allocations", "--noheader", "--parsable2",
+                              f"--jobs={chunk}", f"--format={SACCT_FIELDS}"])
+            found, bad = parse_sacct(out)
+            if bad:
+                log.warning("slurm.unparsed_lines", tool="sacct", count=len(bad),
+                            first=bad[0][:200])
+            records.update(found)
         return records
 
     def find_by_name(self, job_name: str, since: datetime | None = None) -> list[JobObservation]:

@@ -446,26 +446,34 @@ def print_table(rows: Sequence[CycleFigures]) -> None:
             print(f"        error: {err}")
 
 
-def print_summary(daemon: Mapping[str, Any], naive: Mapping[str, Any],
-                  ratios: Mapping[str, float | None]) -> None:
+SUMMARY_ROWS = (
+    ("Slurm tool runs", "calls", ".1f"),
+    ("ctld RPCs (all users)", "rpc_total", ".1f"),
+    ("ctld RPCs (bench user)", "rpc_user", ".1f"),
+    ("ctld RPC ms (all users)", "ctld_ms", ".1f"),
+    ("ctld RPC ms (bench user)", "user_ctld_ms", ".1f"),
+    ("CPU self s", "cpu_self_s", ".3f"),
+    ("CPU children s", "cpu_children_s", ".3f"),
+    ("CPU total s", "cpu_total_s", ".3f"),
+    ("wall s", "wall_s", ".3f"),
+)
+
+
+def print_summary(daemon: Mapping[str, Any], steady: Mapping[str, Any] | None,
+                  naive: Mapping[str, Any], ratios: Mapping[str, float | None],
+                  ratios_steady: Mapping[str, float | None]) -> None:
+    """Means per cycle; "steady" leaves out the daemon's first cycle (its one-off writes)."""
+    st = steady or {}
     print()
-    print(f"per cycle (mean)         {'daemon':>10} {'naive':>12} {'naive/daemon':>13}")
-    for label, key, spec in (
-        ("Slurm tool runs", "calls", ".1f"),
-        ("ctld RPCs (all users)", "rpc_total", ".1f"),
-        ("ctld RPCs (bench user)", "rpc_user", ".1f"),
-        ("ctld RPC ms (all users)", "ctld_ms", ".1f"),
-        ("ctld RPC ms (bench user)", "user_ctld_ms", ".1f"),
-        ("CPU self s", "cpu_self_s", ".3f"),
-        ("CPU children s", "cpu_children_s", ".3f"),
-        ("CPU total s", "cpu_total_s", ".3f"),
-        ("wall s", "wall_s", ".3f"),
-    ):
-        ratio = ratios.get(key)
-        print(f"{label:<24} {fmt(daemon.get(key), spec):>10} {fmt(naive.get(key), spec):>12} "
-              f"{fmt(ratio, '.1f'):>13}")
+    print(f"per cycle (mean)         {'daemon':>10} {'daemon 2..':>10} {'naive':>10} "
+          f"{'naive/daemon':>12} {'naive/2..':>10}")
+    for label, key, spec in SUMMARY_ROWS:
+        print(f"{label:<24} {fmt(daemon.get(key), spec):>10} {fmt(st.get(key), spec):>10} "
+              f"{fmt(naive.get(key), spec):>10} {fmt(ratios.get(key), '.1f'):>12} "
+              f"{fmt(ratios_steady.get(key), '.1f'):>10}")
     print()
     print("ctld RPCs per cycle by message type (all users; sdiag's own requests excluded)")
+    print(f"  {'':<40} {'daemon':>10} {'naive':>10}")
     types = sorted(set(daemon["rpc_by_type"]) | set(naive["rpc_by_type"]),
                    key=lambda t: (t not in MAIN_TYPES, t))
     for t in types:
@@ -642,10 +650,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_table(daemon_rows + naive_rows)
         d, nv = summarize(daemon_rows), summarize(naive_rows)
         steady = summarize(daemon_rows[1:]) if len(daemon_rows) > 1 else None
-        ratios = {k: ratio(nv.get(k), d.get(k)) for k in
-                  ("calls", "rpc_total", "rpc_user", "ctld_ms", "user_ctld_ms", "cpu_self_s",
-                   "cpu_children_s", "cpu_total_s", "wall_s")}
-        print_summary(d, nv, ratios)
+        ratios = {key: ratio(nv.get(key), d.get(key)) for _, key, _ in SUMMARY_ROWS}
+        ratios_steady = {key: ratio(nv.get(key), (steady or {}).get(key))
+                         for _, key, _ in SUMMARY_ROWS}
+        print_summary(d, steady, nv, ratios, ratios_steady)
         if probe.error:
             print(f"WARNING: {probe.error}")
         other = {t: c for t, c in {**d["rpc_by_type"], **nv["rpc_by_type"]}.items()
@@ -660,6 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"correctness: {d['mismatches']} daemon and {nv['mismatches']} naive mismatches "
               f"(tracked attempts not PENDING/held after a cycle)")
         result.update({"daemon": d, "daemon_steady": steady, "naive": nv, "ratios": ratios,
+                       "ratios_steady": ratios_steady,
                        "cycles": [vars(r) for r in daemon_rows + naive_rows],
                        "sdiag_warning": probe.error})
         if d["mismatches"] or nv["mismatches"]:
