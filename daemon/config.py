@@ -28,12 +28,14 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .drift.config import DriftConfig, parse_drift_config
 from .errors import ConfigError
-from .validate import get_str, get_table, parse_duration, reject_unknown
+from .validate import get_bool, get_int, get_str, get_table, parse_duration, reject_unknown
 
 DEFAULT_CONFIG = "/etc/b300/b300.toml"
 _ABS = re.compile(r"/[^\x00\n]*")
@@ -59,6 +61,32 @@ class Config:
     slurm_bin_dir: str | None = None
     slurm_timeout_s: float = 30.0
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
+    recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryConfig:
+    """[recovery]: how failed attempts are handled (see b300.recovery)."""
+
+    enabled: bool = True
+    settle_s: float = 60.0            # wait this long for Slurm to name a failed node
+    blackhole_failures: int = 3       # drain a node that failed this many different runs...
+    blackhole_window_s: float = 86400.0  # ...within this window
+    node_trigger: bool = True         # strigger on node down wakes the daemon at once
+
+
+def _recovery(table: Mapping[str, Any], where: str) -> RecoveryConfig:
+    reject_unknown(table, {"enabled", "settle", "blackhole_failures", "blackhole_window",
+                           "node_trigger"}, where, ConfigError)
+    return RecoveryConfig(
+        enabled=get_bool(table, "enabled", where, ConfigError, default=True),
+        settle_s=parse_duration(table.get("settle", 60), "settle", where, ConfigError),
+        blackhole_failures=get_int(table, "blackhole_failures", where, ConfigError, default=3,
+                                   lo=1, hi=1000) or 3,
+        blackhole_window_s=parse_duration(table.get("blackhole_window", 86400),
+                                          "blackhole_window", where, ConfigError),
+        node_trigger=get_bool(table, "node_trigger", where, ConfigError, default=True),
+    )
 
 
 def config_path(explicit: str | None) -> str:
@@ -78,7 +106,7 @@ def load_config(path: str) -> Config:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    reject_unknown(doc, {"daemon", "slurm", "drift"}, path, ConfigError)
+    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery"}, path, ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
     reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "poll_interval", "submit_grace",
@@ -128,5 +156,6 @@ def load_config(path: str) -> Config:
             f"|{_ABS.pattern}"), what="an absolute path") or None,
         slurm_timeout_s=parse_duration(s.get("command_timeout", 30), "command_timeout", sw,
                                        ConfigError),
+        recovery=_recovery(get_table(doc, "recovery", path, ConfigError), f"{path}: [recovery]"),
         drift=parse_drift_config(get_table(doc, "drift", path, ConfigError), path) if "drift" in doc else None,
     )
