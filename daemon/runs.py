@@ -14,7 +14,7 @@ import os
 import re
 import secrets
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 
 import structlog
@@ -61,7 +61,10 @@ class RunService:
         *,
         submit_grace_s: float = 60.0,
         job_log_dir: str | None = None,
+        avoid_nodes: Callable[[], Iterable[str]] | None = None,
     ) -> None:
+        # avoid_nodes: nodes no new attempt may land on (open drift findings).
+        self._avoid = avoid_nodes or (lambda: ())
         self._store = store
         self._log_dir = job_log_dir
         self._slurm = slurm
@@ -75,8 +78,10 @@ class RunService:
         self._store.create_run(run_id, spec.name, spec_toml, now, events=[
             NewEvent("run.created", run_id=run_id, actor=actor, data={"name": spec.name}),
         ])
-        attempt = self._store.begin_attempt(run_id, now, events=[
-            NewEvent("attempt.intent", run_id=run_id, actor=actor, data={"number": 1}),
+        avoid = sorted(set(self._avoid()))
+        attempt = self._store.begin_attempt(run_id, now, excluded_nodes=avoid, events=[
+            NewEvent("attempt.intent", run_id=run_id, actor=actor,
+                     data={"number": 1, "exclude": avoid}),
         ])
         self._sbatch(attempt, spec)
         return self._store.get_run(run_id)
@@ -107,6 +112,7 @@ class RunService:
         if resume_from is not None and not _PATH_RE.fullmatch(resume_from):
             raise UsageError(f"--from-checkpoint must be an absolute path, got {resume_from!r}")
         spec = parse_spec(run.spec_toml, where=f"run {run_id}")
+        nodes.extend(self._avoid())
         now = self._clock()
         attempt = self._store.begin_attempt(
             run_id, now, excluded_nodes=sorted(set(nodes)), resume_from=resume_from, events=[

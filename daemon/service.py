@@ -82,16 +82,16 @@ class Daemon:
         self.store = store
         self.slurm = slurm
         self.clock = clock or (lambda: datetime.now(UTC))
+        self._lock = threading.Lock()
+        self.drift = make_drift_service(config.drift, store, slurm, self._lock, self.clock)
         self.runs = RunService(store, slurm, self.clock, submit_grace_s=config.submit_grace_s,
-                               job_log_dir=config.job_log_dir)
+                               job_log_dir=config.job_log_dir, avoid_nodes=self._drifted_nodes)
         self.recovery = (
             RecoveryService(store, slurm, self.runs, self.clock, config.recovery,
                             job_log_dir=config.job_log_dir)
             if config.recovery.enabled else None
         )
         self.tracker = JobTracker(store, slurm, self.runs, self.clock, recovery=self.recovery)
-        self._lock = threading.Lock()
-        self.drift = make_drift_service(config.drift, store, slurm, self._lock, self.clock)
         self._stop = threading.Event()
         self._failures = 0
         self._skip_until = 0.0
@@ -129,6 +129,10 @@ class Daemon:
                   slurm_calls=report.slurm_calls, wall_s=round(report.wall_s, 3),
                   errors=report.errors or None)
 
+    def _drifted_nodes(self) -> set[str]:
+        """Nodes with open drift findings (drain policy): no attempt may land there."""
+        return self.drift.scanner.store.open_drift_nodes() if self.drift is not None else set()
+
     def wake(self) -> None:
         """Run a cycle soon (after a change made through the control socket)."""
         self._skip_until = 0.0
@@ -162,6 +166,9 @@ class Daemon:
                 log.info("control.wake", by=actor, why=str(request.get("why", ""))[:200])
                 self.wake()
                 return {"ok": True, "result": {}}
+            if self.drift is not None and op in ("submit", "resubmit"):
+                # A fresh view of drift before placing a run (outside the lock: SSH).
+                self.drift.scan_if_stale(self.clock())
             with self._lock:
                 result = self._mutate(op, request, actor)
             self.wake()
