@@ -35,6 +35,14 @@ from typing import Any
 
 from .drift.config import DriftConfig, parse_drift_config
 from .errors import ConfigError
+from .ops_config import (
+    AlertsConfig,
+    MetricsConfig,
+    ReportConfig,
+    parse_alerts_config,
+    parse_metrics_config,
+    parse_report_config,
+)
 from .validate import get_bool, get_int, get_str, get_table, parse_duration, reject_unknown
 
 DEFAULT_CONFIG = "/etc/b300/b300.toml"
@@ -62,6 +70,9 @@ class Config:
     slurm_timeout_s: float = 30.0
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
     recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
+    report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.ops_config
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +117,8 @@ def load_config(path: str) -> Config:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery"}, path, ConfigError)
+    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery", "report", "metrics", "alerts"}, path,
+                   ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
     reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "poll_interval", "submit_grace",
@@ -136,6 +148,10 @@ def load_config(path: str) -> Config:
     poll = parse_duration(d.get("poll_interval", 15), "poll_interval", dw, ConfigError)
     if poll < 0.2 or poll > 3600:
         raise ConfigError(f"{dw}: poll_interval must be between 0.2 s and 1 h, got {poll:g} s")
+    report = parse_report_config(get_table(doc, "report", path, ConfigError), f"{path}: [report]")
+    alerts = parse_alerts_config(get_table(doc, "alerts", path, ConfigError), f"{path}: [alerts]")
+    if alerts.mail_to and report.smtp is None:
+        raise ConfigError(f"{path}: [alerts] mail_to needs the SMTP settings of [report] (smtp_host)")
     return Config(
         path=path,
         state_dir=state_dir,
@@ -158,4 +174,7 @@ def load_config(path: str) -> Config:
                                        ConfigError),
         recovery=_recovery(get_table(doc, "recovery", path, ConfigError), f"{path}: [recovery]"),
         drift=parse_drift_config(get_table(doc, "drift", path, ConfigError), path) if "drift" in doc else None,
+        report=report,
+        metrics=parse_metrics_config(get_table(doc, "metrics", path, ConfigError), f"{path}: [metrics]"),
+        alerts=alerts,
     )

@@ -105,6 +105,15 @@ class ControlServer:
     def start(self) -> None:
         self._thread.start()
 
+    def set_group(self, admin_group: str) -> None:
+        """Give the socket to a new admin group (config reload)."""
+        if not admin_group:
+            return
+        try:
+            os.chown(self.path, -1, grp.getgrnam(admin_group).gr_gid)
+        except (KeyError, PermissionError) as exc:
+            log.warning("control.group", group=admin_group, error=str(exc))
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()

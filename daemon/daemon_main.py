@@ -71,7 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         structlog.get_logger("b300d").info("daemon.signal", signal=signal.Signals(signum).name)
         daemon.stop()
 
+    def _on_hup(_signum: int, _frame: object) -> None:
+        structlog.get_logger("b300d").info("daemon.signal", signal="SIGHUP")
+        daemon.request_reload()
+
     signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_hup)
     signal.signal(signal.SIGINT, _on_signal)
     try:
         daemon.serve()

@@ -21,13 +21,17 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import __version__
-from .config import Config
+from .config import Config, load_config
 from .control import ControlServer, Peer, is_admin
 from .drift.service import make_drift_service
-from .errors import B300Error, NotFoundError, SlurmError, StoreError, UsageError
+from .errors import B300Error, ConfigError, NotFoundError, SlurmError, StoreError, UsageError
+from .health import CycleHealth
 from .interfaces import NewEvent, SlurmClient, Store
+from .logs import configure_logging
 from .model import Attempt, Run
+from .ops import Operations
 from .recovery.service import RecoveryService
+from .reload import plan_reload
 from .runs import RunService
 from .spec import parse_spec
 from .tracker import JobTracker
@@ -97,7 +101,8 @@ class Daemon:
         self._skip_until = 0.0
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._server: ControlServer | None = None
-        self._watchdog = "WATCHDOG_USEC" in os.environ
+        self.health = CycleHealth()
+        self.ops = Operations(self)
 
     # -- the poll cycle ---------------------------------------------------
 
@@ -106,9 +111,11 @@ class Daemon:
         if time.monotonic() < self._skip_until:
             return
         with self._lock:
+            self.health.begin()
             try:
                 report = self.tracker.poll_once()
             except (SlurmError, StoreError) as exc:
+                self.health.end(ok=False)
                 self._failures += 1
                 delay = min(self.config.max_backoff_s,
                             self.config.poll_interval_s * 2 ** min(self._failures, 16))
@@ -118,13 +125,13 @@ class Daemon:
                 return
             except Exception:
                 # A bug must not stop the daemon; it is logged with its traceback.
+                self.health.end(ok=False)
                 log.exception("cycle.crashed")
                 return
+            self.health.end(ok=True)
         if self._failures:
             log.info("cycle.recovered", after_failures=self._failures)
         self._failures = 0
-        if self._watchdog:
-            sd_notify("WATCHDOG=1")
         log.debug("cycle.done", tracked=report.tracked, changed=report.changed,
                   slurm_calls=report.slurm_calls, wall_s=round(report.wall_s, 3),
                   errors=report.errors or None)
@@ -227,6 +234,7 @@ class Daemon:
         if self.drift is not None:
             self.drift.schedule(self._scheduler)
         self._scheduler.start()
+        self.ops.start(self._scheduler, sd_notify)
         self._arm_node_trigger()
         sd_notify(f"READY=1\nSTATUS=tracking (poll every {self.config.poll_interval_s:g} s)")
         log.info("daemon.started", version=__version__, pid=os.getpid(),
@@ -237,12 +245,55 @@ class Daemon:
         log.info("daemon.stopping")
         # wait=True: a cycle in progress finishes; its intents are already recorded.
         self._scheduler.shutdown(wait=True)
+        self.ops.stop()
         self._server.stop()
         self.store.close()
         log.info("daemon.stopped")
 
     def stop(self) -> None:
         self._stop.set()
+
+    def scheduler_running(self) -> bool:
+        return bool(self._scheduler.running) and not self._stop.is_set()
+
+    def request_reload(self) -> None:
+        """SIGHUP: reload the config soon, in the scheduler (not in the signal handler)."""
+        try:
+            self._scheduler.add_job(self.reload_config, id="reload", replace_existing=True)
+        except Exception:  # the scheduler is not running (starting up or stopping)
+            log.warning("config.reload_skipped", why="scheduler not running")
+
+    def reload_config(self) -> None:
+        """Re-read the config file; apply what is safe live, keep the old one if it is bad."""
+        try:
+            new = load_config(self.config.path)
+        except ConfigError as exc:
+            log.error("config.refused", path=self.config.path, reason=str(exc))
+            self._record_config_event("config.refused", {"reason": str(exc)})
+            return
+        change = plan_reload(self.config, new)
+        with self._lock:
+            old, self.config = self.config, change.config
+            if self.recovery is not None and "recovery" in change.applied:
+                self.recovery.reconfigure(change.config.recovery)
+        if ("log_level" in change.applied or "log_format" in change.applied):
+            configure_logging(change.config.log_format, change.config.log_level)
+        if "poll_interval_s" in change.applied:
+            self._scheduler.reschedule_job("poll", trigger="interval",
+                                           seconds=change.config.poll_interval_s)
+        if "admin_group" in change.applied and self._server is not None:
+            self._server.set_group(change.config.admin_group)
+        self.ops.reconfigure(old, change.config)
+        log.info("config.reloaded", path=self.config.path, changed=list(change.applied),
+                 needs_restart=list(change.needs_restart))
+        self._record_config_event("config.reloaded", {"changed": list(change.applied),
+                                                      "needs_restart": list(change.needs_restart)})
+
+    def _record_config_event(self, kind: str, data: dict[str, Any]) -> None:
+        try:
+            self.store.append_events([NewEvent(kind, data=data)], self.clock())
+        except StoreError as exc:
+            log.warning("config.event_not_recorded", kind=kind, error=str(exc))
 
     def _arm_node_trigger(self) -> None:
         """Have slurmctld wake us when a node goes down (``strigger``); polling

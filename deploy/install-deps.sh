@@ -14,6 +14,8 @@ PKGS=(
   slurmctld slurmd slurm-client slurmdbd
   munge openssh-server openssh-client clustershell rsync
   procps iproute2 coreutils util-linux
+  systemd    # systemd-analyze verify for deploy/b300d.service (not run as PID 1 here)
+  chromium   # renders the weekly report's HTML to a PNG in the tests
 )
 
 # The MariaDB client CLI: keep whatever provides it, otherwise install mariadb-client.

@@ -73,6 +73,11 @@ class RecoveryService:
         self._progress: dict[int, _Progress] = {}
         self._waiting: set[int] = set()
 
+    def reconfigure(self, config: RecoveryConfig) -> None:
+        """Take new thresholds (SIGHUP); in-memory progress tracking is kept."""
+        self._config = config
+        self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
+
     # -- ended attempts ---------------------------------------------------
 
     def recover_all(self) -> int:
