@@ -351,3 +351,16 @@ class ReplicationTarget(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RemoteHasher(Protocol):
+    """A replication target that can hash its copies where they are stored.
+
+    Optional beside :class:`ReplicationTarget`: verification after a copy then
+    costs no second transfer. ``sha256_files`` returns hex digests of the files
+    it could hash (any it could not are simply absent and get verified by reading
+    them back); it raises only for a broken connection.
+    """
+
+    def sha256_files(self, replica: str, rels: Sequence[str]) -> dict[str, str]: ...

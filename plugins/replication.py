@@ -14,10 +14,11 @@ import contextlib
 import io
 import os
 import posixpath
+import shlex
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from b300.interfaces import RemoteFile
@@ -26,6 +27,8 @@ _CHUNK = 1 << 20
 _PART = ".b300part"
 _RECORD = ".b300-replica.json"
 _SFTP_WINDOW = 64 << 20
+_HASH_BATCH = 200  # files per sha256sum command (bounded command line)
+_HASH_TIMEOUT_S = 3600.0
 
 
 def _check_name(replica: str, rel: str = "") -> None:
@@ -136,7 +139,7 @@ class SftpTarget:
     """
 
     def __init__(self, *, host: str, path: str, username: str, key_filename: str, known_hosts: str,
-                 port: int = 22, name: str = "sftp", timeout: float = 30.0) -> None:
+                 port: int = 22, name: str = "sftp", timeout: float = 30.0, remote_hash: bool = True) -> None:
         import paramiko
 
         self.name = name
@@ -146,6 +149,7 @@ class SftpTarget:
         self._client.set_missing_host_key_policy(paramiko.RejectPolicy())
         self._client.connect(host, port=port, username=username, key_filename=key_filename,
                              timeout=timeout, allow_agent=False, look_for_keys=False)
+        self._remote_hash = remote_hash
         self._idle: list[Any] = []
         self._made: set[str] = set()  # remote directories known to exist
         self._lock = threading.Lock()
@@ -229,6 +233,33 @@ class SftpTarget:
                     sent += len(chunk)
             sftp.posix_rename(part, final)
         return sent
+
+    def sha256_files(self, replica: str, rels: Sequence[str]) -> dict[str, str]:
+        """Hash the replica's files on the server with ``sha256sum`` (when it has a shell).
+
+        Every name is passed through ``shlex.quote``; names ``sha256sum`` must
+        escape (backslash, newline) are left out, to be verified by reading back.
+        """
+        if not self._remote_hash:
+            return {}
+        base = self._dir(replica)
+        found: dict[str, str] = {}
+        for i in range(0, len(rels), _HASH_BATCH):
+            batch = [r for r in rels[i:i + _HASH_BATCH] if "\\" not in r and "\n" not in r]
+            for r in batch:
+                _check_name(replica, r)
+            if not batch:
+                continue
+            command = f"cd -- {shlex.quote(base)} && sha256sum -b -- " + " ".join(shlex.quote(r) for r in batch)
+            _stdin, stdout, _stderr = self._client.exec_command(command, timeout=_HASH_TIMEOUT_S)
+            out = stdout.read().decode("utf-8", "replace")
+            if stdout.channel.recv_exit_status() != 0 and not out:
+                return found  # no shell or no sha256sum: read back instead
+            for line in out.splitlines():
+                digest, sep, rel = line.partition(" *")
+                if sep and len(digest) == 64 and rel in batch:
+                    found[rel] = digest
+        return found
 
     def read_file(self, replica: str, rel: str) -> Iterator[bytes]:
         _check_name(replica, rel)

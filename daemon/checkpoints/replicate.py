@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from ..errors import UsageError
-from ..interfaces import RemoteFile, ReplicationTarget
+from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget
 from ..model import CheckpointInfo
 from .manifest import Manifest, ManifestEntry
 
@@ -208,7 +208,17 @@ def _send(
 def _verify_remote(
     name: str, entries: Sequence[ManifestEntry], target: ReplicationTarget, concurrency: int
 ) -> list[ManifestEntry]:
+    hashed: dict[str, str] = {}
+    if isinstance(target, RemoteHasher):
+        try:
+            hashed = target.sha256_files(name, [e.rel for e in entries])
+        except Exception as exc:  # fall back to reading everything back
+            log.warning("replication.remote_hash_failed", target=target.name,
+                        error=f"{type(exc).__name__}: {exc}")
+
     def differs(entry: ManifestEntry) -> bool:
+        if entry.rel in hashed:
+            return hashed[entry.rel] != entry.sha256
         digest = hashlib.sha256()
         size = 0
         try:

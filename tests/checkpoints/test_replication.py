@@ -153,3 +153,26 @@ def test_unknown_target_kind_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         load_target("filesystem", {"nope": 1})
 
+
+
+@pytest.mark.parametrize("remote_hash", [True, False])
+def test_sftp_verifies_on_the_server_or_by_reading_back(
+    tmp_path: Path, sshd: SshServer, remote_hash: bool
+) -> None:
+    remote = sshd.base / f"hash-{remote_hash}"
+    t = load_target("sftp", {"host": "127.0.0.1", "port": sshd.port, "username": sshd.username,
+                             "key_filename": sshd.key_filename, "known_hosts": sshd.known_hosts,
+                             "path": str(remote), "remote_hash": remote_hash})
+    try:
+        ck, manifest = _checkpoint(tmp_path / "src", 5, big=1 << 20)
+        assert replicate(ck, manifest, t).ok
+        hashed = t.sha256_files("step_5", [e.rel for e in manifest.files])  # type: ignore[attr-defined]
+        if remote_hash:  # every name, shell metacharacters included, hashed where it is stored
+            assert hashed == {e.rel: e.sha256 for e in manifest.files}
+        else:
+            assert hashed == {}
+        victim = remote / "step_5" / "odd name $(x) ;'.pt"
+        victim.write_bytes(b"ODD")
+        assert verify_replica("step_5", t) == ("\"odd name $(x) ;'.pt\" differs on sftp",)
+    finally:
+        t.close()
