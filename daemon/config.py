@@ -68,6 +68,7 @@ class Config:
     slurm_conf: str | None = None
     slurm_bin_dir: str | None = None
     slurm_timeout_s: float = 30.0
+    lease_name: str = "default"  # PostgreSQL: daemons sharing a lease name are one HA pair
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
     recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
     report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.ops_config
@@ -121,8 +122,9 @@ def load_config(path: str) -> Config:
                    ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
-    reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "poll_interval", "submit_grace",
-                       "max_backoff", "log_format", "log_level", "admin_group"}, dw, ConfigError)
+    reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "lease_name",
+                       "poll_interval", "submit_grace", "max_backoff", "log_format", "log_level",
+                       "admin_group"}, dw, ConfigError)
     state_dir = get_str(d, "state_dir", dw, ConfigError, default="/var/lib/b300", pattern=_ABS,
                         what="an absolute path")
     assert state_dir is not None
@@ -158,6 +160,8 @@ def load_config(path: str) -> Config:
         database_url=db,
         socket=sock,
         job_log_dir=job_log_dir,
+        lease_name=get_str(d, "lease_name", dw, ConfigError, default="default",
+                           pattern=_GROUP, what="a name") or "default",
         poll_interval_s=poll,
         submit_grace_s=parse_duration(d.get("submit_grace", 60), "submit_grace", dw, ConfigError),
         max_backoff_s=parse_duration(d.get("max_backoff", 300), "max_backoff", dw, ConfigError),

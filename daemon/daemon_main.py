@@ -3,39 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
-import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import IO
 
 import structlog
 
 from .config import config_path, load_config
-from .errors import B300Error, ConfigError
+from .errors import B300Error
+from .lease import FileLease, Lease, PostgresLease
 from .logs import configure_logging
 from .service import Daemon
 from .slurm import make_slurm_client
 from .store import open_store
-
-
-def _lock(state_dir: str) -> IO[str]:
-    """Hold ``b300d.lock`` for the process's life: one daemon per state directory."""
-    os.makedirs(state_dir, mode=0o750, exist_ok=True)
-    path = os.path.join(state_dir, "b300d.lock")
-    f = open(path, "a+")  # noqa: SIM115 - held open on purpose until the process exits
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise ConfigError(f"another b300d already runs with state_dir {state_dir} "
-                          f"(pid {f.read().strip() or '?'})") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,11 +33,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(config_path(args.config))
         configure_logging(cfg.log_format, cfg.log_level)
-        lock = _lock(cfg.state_dir)
+        file_lease = FileLease(cfg.state_dir)
+        file_lease.acquire(threading.Event())
         store = open_store(cfg.database_url)
         slurm = make_slurm_client(cfg.slurm_backend, slurm_conf=cfg.slurm_conf,
                                   bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s)
-        daemon = Daemon(cfg, store, slurm)
+        lease: Lease = file_lease
+        if cfg.database_url.startswith("postgresql"):
+            lease = PostgresLease(cfg.database_url, cfg.lease_name)
+        daemon = Daemon(cfg, store, slurm, lease=lease)
         if args.once:
             report = daemon.tracker.poll_once()
             print(f"tracked={report.tracked} changed={report.changed} "
@@ -79,10 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _on_hup)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        daemon.serve()
+        # A standby waits here until the active daemon's lease is free.
+        if not lease.acquire(daemon.stopping):
+            return 0
+        return daemon.serve()
     finally:
-        lock.close()
-    return 0
+        lease.release()
+        file_lease.release()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from .drift.service import make_drift_service
 from .errors import B300Error, ConfigError, NotFoundError, SlurmError, StoreError, UsageError
 from .health import CycleHealth
 from .interfaces import NewEvent, SlurmClient, Store
+from .lease import Lease
 from .logs import configure_logging
 from .model import Attempt, Run
 from .ops import Operations
@@ -81,7 +82,10 @@ class Daemon:
         slurm: SlurmClient,
         *,
         clock: Callable[[], datetime] | None = None,
+        lease: Lease | None = None,
     ) -> None:
+        self._lease = lease
+        self.exit_code = 0
         self.config = config
         self.store = store
         self.slurm = slurm
@@ -111,6 +115,14 @@ class Daemon:
         if time.monotonic() < self._skip_until:
             return
         with self._lock:
+            if self._stop.is_set():
+                return
+            if self._lease is not None and not self._lease.healthy():
+                # Fencing: another daemon may hold the lease now; act no more.
+                log.error("lease.lost", action="stopping; systemd restarts us as a standby")
+                self.exit_code = 75
+                self._stop.set()
+                return
             self.health.begin()
             try:
                 report = self.tracker.poll_once()
@@ -223,8 +235,8 @@ class Daemon:
 
     # -- lifetime ---------------------------------------------------------
 
-    def serve(self) -> None:
-        """Start the schedule and the socket, then block until :meth:`stop`."""
+    def serve(self) -> int:
+        """Start the schedule and the socket, block until :meth:`stop`; the exit code."""
         self._server = ControlServer(self.config.socket, self.handle,
                                      admin_group=self.config.admin_group)
         self._server.start()
@@ -248,10 +260,16 @@ class Daemon:
         self.ops.stop()
         self._server.stop()
         self.store.close()
-        log.info("daemon.stopped")
+        log.info("daemon.stopped", exit_code=self.exit_code)
+        return self.exit_code
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once the daemon is asked to stop (also ends a standby's wait)."""
+        return self._stop
 
     def scheduler_running(self) -> bool:
         return bool(self._scheduler.running) and not self._stop.is_set()

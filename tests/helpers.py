@@ -55,7 +55,7 @@ class DaemonHandle:
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(default_factory=Path)
 
-    def start(self, extra_env: dict[str, str] | None = None) -> None:
+    def start(self, extra_env: dict[str, str] | None = None, *, wait: bool = True) -> None:
         assert self.proc is None or self.proc.poll() is not None
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -64,6 +64,8 @@ class DaemonHandle:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+        if not wait:
+            return
         wait_for(lambda: self.ping() or self.proc.poll() is not None, 60, "b300d to answer")
         if self.proc.poll() is not None:
             pytest.fail(f"b300d exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
