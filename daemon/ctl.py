@@ -23,8 +23,10 @@ from .config import Config, config_path, load_config
 from .control import call_daemon
 from .drift.cli import add_drift_commands, run_drift_command
 from .errors import B300Error, StoreError
+from .events_cli import add_events_command, run_events
 from .interfaces import Store
 from .nodes_cli import add_node_commands, run_nodes, run_notify
+from .report.cli import add_report_command, run_report
 from .service import attempt_to_dict, run_to_dict
 from .spec import load_spec_file
 from .store import open_store
@@ -65,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_drift_commands(sub, [common])
     add_checkpoint_commands(sub, [common])
     add_node_commands(add)
+    add_events_command(add)
+    add_report_command(add)
+    p = add("completion", help="print a shell completion script (bash)")
+    p.add_argument("shell", choices=["bash"])
     return ap
 
 
@@ -73,7 +79,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     args.config = getattr(args, "config", None)
     try:
+        if args.command == "completion":
+            from .completion import bash_completion
+
+            print(bash_completion(build_parser()), end="")
+            return 0
         cfg = load_config(config_path(args.config))
+        if args.command == "events":
+            return run_events(cfg, args, _open_store)
+        if args.command == "report":
+            return run_report(cfg, args, _open_store)
         if args.command == "status":
             return _status(cfg, args)
         if args.command == "checkpoints":

@@ -15,6 +15,7 @@ from apscheduler.schedulers.base import BaseScheduler
 
 from .config import Config
 from .health import Watchdog, watchdog_interval_s
+from .report.schedule import schedule_report
 
 if TYPE_CHECKING:
     from .service import Daemon
@@ -26,6 +27,7 @@ class Operations:
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
         self._watchdog: Watchdog | None = None
+        self._scheduler: BaseScheduler | None = None
 
     def healthy(self) -> bool:
         """The scheduler runs and no poll cycle is stuck (Slurm calls time out long before)."""
@@ -34,6 +36,9 @@ class Operations:
         return d.scheduler_running() and not d.health.stuck(stuck_after)
 
     def start(self, scheduler: BaseScheduler, notify: object) -> None:
+        self._scheduler = scheduler
+        d = self._daemon
+        schedule_report(scheduler, d.store, lambda: d.config.report, d.clock)
         interval = watchdog_interval_s(os.environ.get("WATCHDOG_USEC"))
         if interval is not None and callable(notify):
             self._watchdog = Watchdog(interval, self.healthy, notify)
@@ -42,6 +47,9 @@ class Operations:
 
     def reconfigure(self, old: Config, new: Config) -> None:
         """A config reload: reschedule what depends on [report] and [alerts]."""
+        d = self._daemon
+        if old.report != new.report and self._scheduler is not None:
+            schedule_report(self._scheduler, d.store, lambda: d.config.report, d.clock)
 
     def stop(self) -> None:
         if self._watchdog is not None:

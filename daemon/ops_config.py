@@ -9,6 +9,7 @@
     smtp_port = 587
     smtp_user = "b300"                   # optional; with password_file
     password_file = "/etc/b300/smtp.pass"  # read at send time; never in the config or logs
+    ca_file = ""                         # CA bundle for STARTTLS (default: the system's)
     starttls = true
     day = "mon"                          # mon..sun
     hour = 8                             # 0..23, in `timezone`
@@ -50,6 +51,7 @@ class SmtpConfig:
     password_file: str = ""
     starttls: bool = True
     sender: str = "b300d@localhost"
+    ca_file: str = ""                    # CA bundle for STARTTLS (default: the system's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,7 @@ def _addresses(table: Mapping[str, Any], key: str, where: str) -> tuple[str, ...
 
 def parse_report_config(table: Mapping[str, Any], where: str) -> ReportConfig:
     reject_unknown(table, {"to", "from", "smtp_host", "smtp_port", "smtp_user", "password_file",
-                           "starttls", "day", "hour", "timezone"}, where, ConfigError)
+                           "ca_file", "starttls", "day", "hour", "timezone"}, where, ConfigError)
     to = _addresses(table, "to", where)
     host = get_str(table, "smtp_host", where, ConfigError, default="", pattern=re.compile(
         f"|{_HOST.pattern}"), what="a host name") or ""
@@ -134,7 +136,9 @@ def parse_smtp(table: Mapping[str, Any], host: str, where: str) -> SmtpConfig:
         host=host,
         port=get_int(table, "smtp_port", where, ConfigError, default=587, lo=1, hi=65535) or 587,
         user=user, password_file=password_file,
-        starttls=get_bool(table, "starttls", where, ConfigError, default=True), sender=sender)
+        starttls=get_bool(table, "starttls", where, ConfigError, default=True), sender=sender,
+        ca_file=get_str(table, "ca_file", where, ConfigError, default="", pattern=re.compile(
+            f"|{_ABS.pattern}"), what="an absolute path") or "")
 
 
 def parse_metrics_config(table: Mapping[str, Any], where: str) -> MetricsConfig:

@@ -1,0 +1,54 @@
+"""Read what the weekly report needs from the store (the I/O edge of ``compute``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import structlog
+
+from ..errors import B300Error
+from ..interfaces import Store
+from ..spec import parse_spec
+from ..store.checkpoint_store import CheckpointStore
+from ..store.drift_store import DriftStore
+from ..store.sql_store import SqlStore
+from .compute import RunInput, WeeklyReport, Window, weekly_report
+
+log = structlog.get_logger(__name__)
+# Events this long before the window still explain attempts inside it (classified, progress).
+_LOOKBEHIND = timedelta(days=7)
+
+
+def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
+    """Build the report for ``window`` from the store's runs, attempts, events and checkpoints."""
+    events = store.events(since=window.since - _LOOKBEHIND)
+    events = [e for e in events if e.ts < window.until]
+    ckpt_store = _checkpoint_store(store)
+    inputs: list[RunInput] = []
+    for run in store.list_runs():
+        attempts = store.attempts(run.id)
+        if not attempts or run.created_at >= window.until:
+            continue
+        try:
+            spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+        except B300Error as exc:
+            log.warning("report.bad_spec", run=run.id, error=str(exc))
+            continue
+        ckpts = None
+        interval = None
+        if ckpt_store is not None and spec.checkpoint.dir:
+            interval = spec.checkpoint.interval_s
+            ckpts = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
+                     for c in ckpt_store.checkpoints(run.id) if c.info.complete]
+        inputs.append(RunInput(run, attempts, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                               checkpoint_interval_s=interval, checkpoints=ckpts))
+    return weekly_report(inputs, events, window, now, drift_open=_drift_open(store),
+                         checkpoints_available=ckpt_store is not None)
+
+
+def _checkpoint_store(store: Store) -> CheckpointStore | None:
+    return CheckpointStore(store) if isinstance(store, SqlStore) else None
+
+
+def _drift_open(store: Store) -> int | None:
+    return len(DriftStore(store).open_findings()) if isinstance(store, SqlStore) else None

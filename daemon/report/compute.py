@@ -1,0 +1,305 @@
+"""The weekly report's figures, computed from store records only (pure: no I/O, no clock).
+
+Effective training time ratio (ETTR) per run over the window: of the run's
+wall time, the time its jobs trained. The time lost is split into
+
+- **detect**: an attempt ended -> the daemon classified it (``attempt.classified``);
+- **queue**: an attempt was submitted (created) -> its job started;
+- **restart**: a job started -> its first progress step (``attempt.progress`` events);
+  without progress events it is counted 0 and the run says so;
+- **recompute**: steps redone after a resume, i.e. from the first progress step of
+  the new attempt until it passes the previous attempt's last step. Without progress
+  events it is *unknown* (never estimated);
+- **other**: the rest of the wall time no attempt ran or waited (decisions,
+  settle time, gaps).
+
+Interruptions are ended attempts that were neither completed, cancelled nor
+timed out, by cause: GPU, network, node down, hang, preemption, job error,
+other infrastructure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..model import Attempt, Event, Run
+
+CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "other infrastructure")
+_NOT_INTERRUPTIONS = {"", "COMPLETED", "CANCELLED", "TIMEOUT"}
+_GPU = re.compile(r"\bXid\b|NVRM|ECC|GPU has fallen off|nvidia-smi .*fail|row remap", re.IGNORECASE)
+_NODE_DOWN = re.compile(r"NODE_FAIL|node fail|node down|Node failure|lost contact|not responding|"
+                        r"DOWN\b", re.IGNORECASE)
+_NETWORK = re.compile(r"NCCL|gloo|Connection (?:closed|reset|refused)|network|\bIB\b|infiniband|"
+                      r"\bmlx5|link down|timed? ?out.*collective", re.IGNORECASE)
+DRAIN_KINDS = ("node.drained", "drift.drained")
+RETURN_KINDS = ("node.resumed", "drift.cleared")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    since: datetime
+    until: datetime
+
+    @property
+    def seconds(self) -> float:
+        return (self.until - self.since).total_seconds()
+
+    def overlap(self, start: datetime | None, end: datetime | None) -> float:
+        """Seconds of [start, end) inside the window (end None: until the window's end)."""
+        if start is None:
+            return 0.0
+        lo, hi = max(start, self.since), min(end or self.until, self.until)
+        return max(0.0, (hi - lo).total_seconds())
+
+    def contains(self, ts: datetime | None) -> bool:
+        return ts is not None and self.since <= ts < self.until
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    run_id: str
+    name: str
+    state: str
+    attempts: int
+    wall_s: float
+    running_s: float
+    detect_s: float
+    queue_s: float
+    restart_s: float
+    recompute_s: float | None      # None: unknown (no progress events)
+    other_s: float
+    training_s: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ettr(self) -> float | None:
+        return self.training_s / self.wall_s if self.wall_s > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    run_id: str
+    attempt: int
+    job_id: int | None
+    ended: datetime
+    outcome: str
+    cause: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    ts: datetime
+    node: str
+    kind: str
+    actor: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFigures:
+    run_id: str
+    newest_step: int | None
+    newest_age_s: float | None
+    interval_s: float
+    overdue: bool
+    stored_bytes: int
+    count: int
+    replication_lag_s: float | None   # age of the newest checkpoint not yet replicated (0: all are)
+    targets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunInput:
+    """One run as the report needs it: its record, attempts, spec figures, checkpoints."""
+
+    run: Run
+    attempts: Sequence[Attempt]
+    nodes: int = 1
+    gpus_per_node: int = 8
+    checkpoint_interval_s: float | None = None
+    checkpoints: Sequence[tuple[int, datetime, int, frozenset[str], frozenset[str]]] | None = None
+    # (step, mtime, size_bytes, replicated_to, all targets tried) of the stored, not deleted ones
+
+
+@dataclass(frozen=True, slots=True)
+class WeeklyReport:
+    window: Window
+    generated_at: datetime
+    runs: tuple[RunFigures, ...]
+    interruptions: tuple[Interruption, ...]
+    by_cause: dict[str, int]
+    drained: tuple[NodeChange, ...]
+    returned: tuple[NodeChange, ...]
+    drift_findings: dict[str, int]        # probe -> findings opened in the window
+    drift_open: int | None                # open findings now (None: drift not configured)
+    checkpoints: tuple[CheckpointFigures, ...] | None
+    jobs: int
+    gpu_hours: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ettr(self) -> float | None:
+        """Cluster ETTR: training time over wall time, all runs together."""
+        wall = sum(r.wall_s for r in self.runs)
+        return sum(r.training_s for r in self.runs) / wall if wall > 0 else None
+
+
+def interruption_cause(attempt: Attempt) -> str:
+    """The cause of an interruption, from the attempt's outcome and recorded evidence."""
+    outcome = attempt.outcome
+    if outcome == "PREEMPTED":
+        return "preemption"
+    if outcome == "HANG":
+        return "hang"
+    if outcome == "JOB_ERROR":
+        return "job error"
+    ev = attempt.evidence or {}
+    text = "\n".join(str(x) for key in ("log", "reasons") for x in (ev.get(key) or []))
+    if _GPU.search(text):
+        return "GPU"
+    if attempt.state.value == "NODE_FAIL" or _NODE_DOWN.search(text):
+        return "node down"
+    if _NETWORK.search(text):
+        return "network"
+    return "other infrastructure"
+
+
+def _first_progress(events: Sequence[Event], attempt_id: int) -> list[tuple[datetime, int]]:
+    return [(e.ts, int(e.data["step"])) for e in events
+            if e.kind == "attempt.progress" and e.attempt_id == attempt_id
+            and isinstance(e.data.get("step"), int)]
+
+
+def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFigures | None:
+    """ETTR and lost time of one run in ``window``; None if it did not live in the window."""
+    attempts = sorted(ri.attempts, key=lambda a: a.number)
+    if not attempts:
+        return None
+    begin = min(ri.run.created_at, attempts[0].created_at)
+    end = ri.run.updated_at if ri.run.state.is_terminal else None
+    wall = window.overlap(begin, end)
+    if wall <= 0:
+        return None
+    notes: list[str] = []
+    classified = {e.attempt_id: e.ts for e in events if e.kind == "attempt.classified"}
+    running = detect = queue = restart = 0.0
+    recompute: float | None = 0.0
+    restart_known = True
+    prev_last_step: int | None = None
+    prev_interrupted = False
+    for a in attempts:
+        started = a.start
+        stopped = a.end or (a.updated_at if a.state.is_terminal else None)
+        if started is not None:
+            running += window.overlap(started, stopped)
+        queue += window.overlap(a.created_at, started if started is not None else a.end)
+        if a.end is not None and a.outcome not in ("", "COMPLETED", "CANCELLED"):
+            detect += window.overlap(a.end, classified.get(a.id, a.end))
+        progress = _first_progress(events, a.id)
+        if started is not None:
+            if progress:
+                restart += window.overlap(started, progress[0][0])
+            else:
+                restart_known = False
+        if prev_interrupted and started is not None:
+            if progress and prev_last_step is not None:
+                caught_up = next((ts for ts, step in progress if step >= prev_last_step), None)
+                if recompute is not None:
+                    recompute += window.overlap(progress[0][0], caught_up)
+            else:
+                recompute = None
+        prev_last_step = max((s for _, s in progress), default=None) if progress else None
+        prev_interrupted = a.outcome not in _NOT_INTERRUPTIONS or a.outcome == "TIMEOUT"
+    if not restart_known:
+        notes.append("restart time counted as 0: no progress events for some attempts")
+    if recompute is None:
+        notes.append("recompute time unknown: no progress events around a resume")
+    lost_in_run = restart + (recompute or 0.0)
+    training = max(0.0, running - lost_in_run)
+    other = max(0.0, wall - running - detect - queue)
+    return RunFigures(ri.run.id, ri.run.name, ri.run.state.value, len(attempts), wall, running, detect,
+                      queue, restart, recompute, other, training, tuple(notes))
+
+
+def checkpoint_figures(ri: RunInput, now: datetime) -> CheckpointFigures | None:
+    if ri.checkpoints is None or ri.checkpoint_interval_s is None:
+        return None
+    ckpts = sorted(ri.checkpoints, key=lambda c: c[0])
+    newest = ckpts[-1] if ckpts else None
+    age = (now - newest[1]).total_seconds() if newest else None
+    targets = sorted({t for c in ckpts for t in c[4]})
+    lag: float | None = None
+    if targets:
+        pending = [c for c in ckpts if not set(targets) <= c[3]]
+        lag = max(0.0, (now - min(c[1] for c in pending)).total_seconds()) if pending else 0.0
+    return CheckpointFigures(
+        ri.run.id, newest[0] if newest else None, age, ri.checkpoint_interval_s,
+        age is None or age > ri.checkpoint_interval_s, sum(c[2] for c in ckpts), len(ckpts), lag,
+        tuple(targets))
+
+
+def weekly_report(
+    runs: Sequence[RunInput],
+    events: Sequence[Event],
+    window: Window,
+    now: datetime,
+    *,
+    drift_open: int | None = None,
+    checkpoints_available: bool = True,
+) -> WeeklyReport:
+    """The report for ``window`` from the runs (with their attempts) and the events in it."""
+    figures: list[RunFigures] = []
+    interruptions: list[Interruption] = []
+    jobs = 0
+    gpu_hours = 0.0
+    ckpt: list[CheckpointFigures] = []
+    for ri in runs:
+        f = run_figures(ri, events, window)
+        if f is not None:
+            figures.append(f)
+        for a in ri.attempts:
+            ran = window.overlap(a.start, a.end) if a.start else 0.0
+            if a.slurm_job_id is not None and ran > 0:
+                jobs += 1
+                gpu_hours += (len(a.nodes) or ri.nodes) * ri.gpus_per_node * ran / 3600
+            if a.outcome not in _NOT_INTERRUPTIONS and window.contains(a.end):
+                assert a.end is not None
+                reasons = [str(x) for x in (a.evidence or {}).get("reasons") or []]
+                interruptions.append(Interruption(ri.run.id, a.number, a.slurm_job_id, a.end, a.outcome,
+                                                  interruption_cause(a), "; ".join(reasons)[:200]))
+        if f is not None and not ri.run.state.is_terminal:
+            c = checkpoint_figures(ri, now)
+            if c is not None:
+                ckpt.append(c)
+    by_cause = {cause: 0 for cause in CAUSES}
+    for i in interruptions:
+        by_cause[i.cause] += 1
+    in_window = [e for e in events if window.contains(e.ts)]
+    def changes(kinds: tuple[str, ...]) -> tuple[NodeChange, ...]:
+        return tuple(NodeChange(e.ts, e.node or "?", e.kind, e.actor, str(e.data.get("reason") or ""))
+                     for e in in_window if e.kind in kinds and e.node)
+    drift: dict[str, int] = {}
+    for e in in_window:
+        if e.kind == "drift.finding":
+            probe = str(e.data.get("probe", "?"))
+            drift[probe] = drift.get(probe, 0) + 1
+    notes: list[str] = []
+    if not checkpoints_available:
+        notes.append("checkpoint figures not available (no checkpoint records in this store)")
+    return WeeklyReport(
+        window=window, generated_at=now, runs=tuple(sorted(figures, key=lambda r: r.run_id)),
+        interruptions=tuple(sorted(interruptions, key=lambda i: i.ended)), by_cause=by_cause,
+        drained=changes(DRAIN_KINDS), returned=changes(RETURN_KINDS), drift_findings=drift,
+        drift_open=drift_open, checkpoints=tuple(ckpt) if checkpoints_available else None,
+        jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes))
+
+
+def week_key(window: Window) -> str:
+    """The ISO week the window starts in, e.g. ``2026-W48`` (the report mail's identity)."""
+    year, week, _ = window.since.isocalendar()
+    return f"{year}-W{week:02d}"
+
