@@ -182,7 +182,7 @@ def main() -> int:
               f"= {gib * 1024 / figures['manifest_s']:.0f} MiB/s")
         for name, res in results.items():
             rate = gib * 1024 / res["s"]
-            extra = (f"  (its read-back verification alone: {res['verify_s']:.1f} s)"
+            extra = (f"  (its verification alone: {res['verify_s']:.1f} s)"
                      if "verify_s" in res else "")
             print(f"  {name:<40} {res['s']:7.1f} s  {rate:7.0f} MiB/s{extra}")
         figures["replication"] = results
