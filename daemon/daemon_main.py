@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not lease.acquire(daemon.stopping):
             return 0
         return daemon.serve()
+    except B300Error as exc:
+        print(f"b300d: {exc}", file=sys.stderr)
+        return exc.exit_code
     finally:
         lease.release()
         file_lease.release()

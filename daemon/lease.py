@@ -51,6 +51,8 @@ class FileLease:
         self._file: IO[str] | None = None
 
     def acquire(self, stop: threading.Event) -> bool:
+        if self._file is not None:
+            return True
         os.makedirs(self._dir, mode=0o750, exist_ok=True)
         path = os.path.join(self._dir, "b300d.lock")
         f = open(path, "a+")  # noqa: SIM115 - held open until release()
