@@ -78,11 +78,6 @@ def restore(node: str) -> None:
          or "mix" in sh("sinfo", "-h", "-N", f"--nodes={node}", "-o", "%T"), 60, f"{node} idle")
 
 
-def command(run_dir: Path, epoch: int) -> str:
-    return (f"export B300_CHECKPOINT_DIR={run_dir / 'ckpt'}; "
-            f"srun {sys.executable} {TRAIN} --steps {STEPS} --ckpt-every 5 --step-time 0.25")
-
-
 def bench_b300d(base: Path, conf: str, poll: str) -> dict[str, float]:
     run_dir = base / "b300" / "run"
     (run_dir / "ckpt").mkdir(parents=True)
@@ -92,15 +87,15 @@ def bench_b300d(base: Path, conf: str, poll: str) -> dict[str, float]:
                    f'log_format = "json"\n[slurm]\nbackend = "cli"\nconf = "{conf}"\n'
                    f'[recovery]\nsettle = "90s"\n')
     spec = base / "b300" / "job.toml"
+    train = f"srun {sys.executable} {TRAIN} --steps {STEPS} --ckpt-every 5 --step-time 0.25"
     spec.write_text("\n".join([
-        'name = "bench"', "[job]",
-        f"command = {json.dumps(f'srun {sys.executable} {TRAIN} --steps {STEPS} --ckpt-every 5 --step-time 0.25')}",
+        'name = "bench"', "[job]", f"command = {json.dumps(train)}",
         "nodes = 2", "ntasks_per_node = 1", "gpus_per_node = 8",
         "[checkpoint]", f'dir = "{run_dir / "ckpt"}"', 'layout = "dcp"']) + "\n")
     env = {**os.environ, "SLURM_CONF": conf}
-    daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config", str(cfg)],
-                              env=env, stdout=open(base / "b300" / "b300d.log", "wb"),
-                              stderr=subprocess.STDOUT)
+    with open(base / "b300" / "b300d.log", "wb") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config",
+                                   str(cfg)], env=env, stdout=out, stderr=subprocess.STDOUT)
     ctl = [sys.executable, "-m", "b300.ctl", "--config", str(cfg), "--json"]
     try:
         wait(lambda: (state / "b300d.sock").exists(), 60, "b300d")

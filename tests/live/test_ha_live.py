@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers import make_daemon, slurm_cmd, wait_for, write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from helpers import CLUSTER, DaemonHandle, make_daemon, slurm_cmd, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -216,7 +217,7 @@ def test_daemon_killed_mid_recovery_submits_once(
         d.start()
         status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
         assert status["run"]["state"] == "COMPLETED"
-        a1, a2 = status["attempts"]
+        _a1, a2 = status["attempts"]
         jobs = slurm_cmd(slurm_conf, "sacct", "-X", "-n", "-P", "--format=JobID",
                          f"--name={a2['tag']}", "-S", "now-1hour").split()
         assert jobs == [str(a2["job_id"])]
