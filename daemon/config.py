@@ -71,6 +71,7 @@ class Config:
     lease_name: str = "default"  # PostgreSQL: daemons sharing a lease name are one HA pair
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
     recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
+    checkpoints: CheckpointsConfig = field(default_factory=lambda: CheckpointsConfig())
     report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.ops_config
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
@@ -85,6 +86,28 @@ class RecoveryConfig:
     blackhole_failures: int = 3       # drain a node that failed this many different runs...
     blackhole_window_s: float = 86400.0  # ...within this window
     node_trigger: bool = True         # strigger on node down wakes the daemon at once
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointsConfig:
+    """[checkpoints]: the daemon's periodic checkpoint pass (b300.checkpoints.watch)."""
+
+    check_interval_s: float = 60.0   # list, fingerprint and check the schedule this often
+    signal: str | None = "USR1"      # sent to an overdue job's batch step; "" = alert only
+    manifests_per_pass: int = 2      # checksum manifests made per run per pass
+
+
+def _checkpoints(table: Mapping[str, Any], where: str) -> CheckpointsConfig:
+    reject_unknown(table, {"check_interval", "signal", "manifests_per_pass"}, where, ConfigError)
+    sig = get_str(table, "signal", where, ConfigError, default="USR1",
+                  pattern=re.compile(r"|[A-Z][A-Z0-9]{0,9}"), what="a signal name like USR1")
+    return CheckpointsConfig(
+        check_interval_s=parse_duration(table.get("check_interval", 60), "check_interval",
+                                        where, ConfigError),
+        signal=sig or None,
+        manifests_per_pass=get_int(table, "manifests_per_pass", where, ConfigError, default=2,
+                                   lo=0, hi=1000) or 0,
+    )
 
 
 def _recovery(table: Mapping[str, Any], where: str) -> RecoveryConfig:
@@ -118,8 +141,8 @@ def load_config(path: str) -> Config:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery", "report", "metrics", "alerts"}, path,
-                   ConfigError)
+    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery", "checkpoints", "report",
+                         "metrics", "alerts"}, path, ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
     reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "lease_name",
@@ -177,6 +200,8 @@ def load_config(path: str) -> Config:
         slurm_timeout_s=parse_duration(s.get("command_timeout", 30), "command_timeout", sw,
                                        ConfigError),
         recovery=_recovery(get_table(doc, "recovery", path, ConfigError), f"{path}: [recovery]"),
+        checkpoints=_checkpoints(get_table(doc, "checkpoints", path, ConfigError),
+                                 f"{path}: [checkpoints]"),
         drift=parse_drift_config(get_table(doc, "drift", path, ConfigError), path) if "drift" in doc else None,
         report=report,
         metrics=parse_metrics_config(get_table(doc, "metrics", path, ConfigError), f"{path}: [metrics]"),

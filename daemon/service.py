@@ -21,6 +21,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import __version__
+from .checkpoints.watch import CheckpointPass
 from .config import Config, load_config
 from .control import ControlServer, Peer, is_admin
 from .drift.service import make_drift_service
@@ -35,6 +36,7 @@ from .recovery.service import RecoveryService
 from .reload import plan_reload
 from .runs import RunService
 from .spec import parse_spec
+from .store.checkpoint_store import CheckpointStore
 from .tracker import JobTracker
 
 log = structlog.get_logger(__name__)
@@ -100,6 +102,10 @@ class Daemon:
             if config.recovery.enabled else None
         )
         self.tracker = JobTracker(store, slurm, self.runs, self.clock, recovery=self.recovery)
+        self.checkpoint_pass = CheckpointPass(
+            store, CheckpointStore(store), slurm, self.clock,  # type: ignore[arg-type]
+            signal=config.checkpoints.signal,
+            manifests_per_pass=config.checkpoints.manifests_per_pass)
         self._stop = threading.Event()
         self._failures = 0
         self._skip_until = 0.0
@@ -245,6 +251,9 @@ class Daemon:
                                 coalesce=True, next_run_time=datetime.now(UTC))
         if self.drift is not None:
             self.drift.schedule(self._scheduler)
+        self._scheduler.add_job(self.checkpoint_pass.run_once, "interval", id="checkpoints",
+                                seconds=self.config.checkpoints.check_interval_s,
+                                max_instances=1, coalesce=True)
         self._scheduler.start()
         self.ops.start(self._scheduler, sd_notify)
         self._arm_node_trigger()

@@ -231,3 +231,52 @@ def _ts(iso: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(iso).timestamp()
+
+
+def test_daemon_fingerprints_checkpoints_and_flags_an_overdue_one(
+    tmp_path: Path, slurm_conf: str
+) -> None:
+    """The checkpoint pass makes manifests of complete checkpoints while the run goes,
+    and a run whose checkpoints stop coming gets the alert and a USR1 it can trap."""
+    d = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
+    cfg = d.config.read_text() + '[checkpoints]\ncheck_interval = "1s"\n'
+    d.config.write_text(cfg)
+    d.start()
+    try:
+        run_id = d.submit(_spec(tmp_path, "fingerprint"))
+        d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+        made = [p for p in (tmp_path / "run" / "ckpt").glob("step_*")
+                if (p / ".b300-manifest.json").exists()]
+        assert len(made) >= 2
+        listing = d.ctl("checkpoints", run_id)
+        assert any(c.get("verified") for c in _flatten(listing))
+
+        usr1 = tmp_path / "usr1.txt"
+        spec = tmp_path / "quiet.toml"
+        body = (f"trap 'echo got USR1 >> {usr1}' USR1\n"
+                f"srun {sys.executable} {TRAIN} --steps 80 --ckpt-every 1000 --step-time 0.25 &\n"
+                "pid=$!\nwhile kill -0 $pid 2>/dev/null; do wait $pid; done\n")
+        (tmp_path / "run2" / "ckpt").mkdir(parents=True)
+        spec.write_text("\n".join([
+            'name = "quiet"', "[job]", f"command = {json.dumps(body)}", "nodes = 2",
+            "ntasks_per_node = 1", "gpus_per_node = 0", "[checkpoint]",
+            f'dir = "{tmp_path / "run2" / "ckpt"}"', 'layout = "dcp"', 'interval = "5s"']) + "\n")
+        quiet = d.submit(spec)
+        wait_for(lambda: any(e["kind"] == "checkpoint.overdue" for e in d.run(quiet)["events"]),
+                 120, "the overdue alert")
+        wait_for(lambda: usr1.exists() and "got USR1" in usr1.read_text(), 60,
+                 "USR1 to reach the job")
+        d.ctl("cancel", quiet)
+    finally:
+        d.cleanup()
+
+
+def _flatten(listing: Any) -> list[dict[str, Any]]:
+    """Checkpoint rows of `b300ctl checkpoints RUN --json`, whatever its nesting."""
+    if isinstance(listing, list):
+        return [r for item in listing for r in _flatten(item)]
+    if isinstance(listing, dict):
+        if "path" in listing:
+            return [listing]
+        return [r for v in listing.values() for r in _flatten(v)]
+    return []
