@@ -13,10 +13,12 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from b300.control import call_daemon
+from b300.ctl import main as ctl_main
 from b300.errors import DaemonUnavailableError
 from helpers import DaemonHandle, make_daemon, wait_for, write_spec
 
@@ -100,18 +102,25 @@ def test_a_non_admin_is_refused_by_the_running_daemon(shared_daemon: tuple[Daemo
     assert all(e["actor"] != "nobody" for e in events)
 
 
-def test_events_filters_and_follow(daemon: DaemonHandle, tmp_path: Path) -> None:
+def test_events_filters_and_follow(daemon: DaemonHandle, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path / "job.toml", "ops-events", "sleep 300")
     run_id = daemon.submit(spec)
-    everything = daemon.ctl("events")
+
+    def events(*args: str) -> Any:  # queries read the store: b300ctl's main() in-process is enough
+        capsys.readouterr()
+        assert ctl_main(["--config", str(daemon.config), "--json", "events", *args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    everything = events()
     assert any(e["kind"] == "run.created" and e["run_id"] == run_id for e in everything)
-    only = daemon.ctl("events", "--run", run_id, "--kind", "run.created")
+    only = events("--run", run_id, "--kind", "run.created")
     assert [e["kind"] for e in only] == ["run.created"]
-    prefixed = daemon.ctl("events", "--kind", "attempt.", "--since", "1h")
+    prefixed = events("--kind", "attempt.", "--since", "1h")
     assert prefixed and all(e["kind"].startswith("attempt.") for e in prefixed)
-    assert daemon.ctl("events", "--since", "2999-01-01") == []
-    bad = daemon.ctl_raw("events", "--since", "yesterday-ish")
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert events("--since", "2999-01-01") == []
+    assert ctl_main(["--config", str(daemon.config), "events", "--since", "yesterday-ish"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
     follow = subprocess.Popen(
         [sys.executable, "-m", "b300.ctl", "--config", str(daemon.config), "events", "--follow", "--json",
@@ -125,7 +134,8 @@ def test_events_filters_and_follow(daemon: DaemonHandle, tmp_path: Path) -> None
         assert json.loads(line)["kind"] == "run.cancel"
     finally:
         follow.send_signal(signal.SIGTERM)
-        assert follow.wait(10) == 0
+        follow.communicate(timeout=10)  # also closes the pipes
+    assert follow.returncode == 0
 
 
 def test_completion_script_is_generated_from_the_parser(tmp_path: Path) -> None:
