@@ -14,6 +14,7 @@ from .config import config_path, load_config
 from .errors import B300Error
 from .lease import FileLease, Lease, PostgresLease
 from .logs import configure_logging
+from .permissions import check_not_writable_by_others
 from .service import Daemon
 from .slurm import make_slurm_client
 from .store import open_store
@@ -31,7 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--once", action="store_true", help="run one poll cycle, print it, and exit")
     args = ap.parse_args(argv)
     try:
-        cfg = load_config(config_path(args.config))
+        path = config_path(args.config)
+        check_not_writable_by_others(path, "config file")
+        cfg = load_config(path)
+        check_not_writable_by_others(cfg.state_dir, "state directory")
         configure_logging(cfg.log_format, cfg.log_level)
         file_lease = FileLease(cfg.state_dir)
         file_lease.acquire(threading.Event())

@@ -90,3 +90,23 @@ def test_unknown_run(cfg: Path) -> None:
     proc = _run("--config", str(cfg), "status", "no-such-run")
     assert proc.returncode == 2
     assert "no-such-run" in _one_line(proc)
+
+
+def test_daemon_refuses_a_config_others_can_write(tmp_path: Path) -> None:
+    p = tmp_path / "open.toml"
+    p.write_text(f"[daemon]\nstate_dir = '{tmp_path / 'state'}'\n")
+    p.chmod(0o666)
+    proc = _run("--config", str(p), module="b300.daemon_main")
+    assert proc.returncode == 2
+    assert "writable by group or others" in _one_line(proc)
+
+
+def test_daemon_refuses_a_world_writable_state_dir(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    p = tmp_path / "b300.toml"
+    p.write_text(f"[daemon]\nstate_dir = '{state}'\n")
+    proc = _run("--config", str(p), module="b300.daemon_main")
+    assert proc.returncode == 2
+    assert "state directory" in _one_line(proc)
