@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from b300.interfaces import NewEvent
-from b300.model import AttemptState, RunState
+from b300.model import AttemptState, CheckpointInfo, RunState
 from b300.store import SqlStore
+from b300.store.checkpoint_store import CheckpointStore
 
 W0 = datetime(2026, 11, 16, tzinfo=UTC)  # a Monday
 W1 = W0 + timedelta(days=7)
@@ -19,8 +20,9 @@ H = 3600.0
 M = 60.0
 
 
-def spec(name: str, nodes: int, gpus: int = 8) -> str:
-    return f'name = "{name}"\n[job]\ncommand = "srun train"\nnodes = {nodes}\ngpus_per_node = {gpus}\n'
+def spec(name: str, nodes: int, gpus: int = 8, ckpt: str = "") -> str:
+    text = f'name = "{name}"\n[job]\ncommand = "srun train"\nnodes = {nodes}\ngpus_per_node = {gpus}\n'
+    return text + (f'[checkpoint]\ndir = "{ckpt}"\nlayout = "dcp"\ninterval = "1h"\n' if ckpt else "")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class Expected:
     gpu_hours: float
     drained: int
     returned: int
+    ckpt_newest_step: int
+    ckpt_age_h_at_w1: float
+    ckpt_bytes: int
+    ckpt_lag_h_at_w1: float
 
 
 def _attempt(store: SqlStore, run_id: str, created: datetime, job_id: int, start: datetime,
@@ -68,7 +74,7 @@ def build_history(store: SqlStore) -> Expected:
 
     # Run A: 2 nodes x 8 GPUs; a GPU Xid, then a node failure, then still running.
     a0 = W0 + timedelta(hours=1)
-    store.create_run("run-a", "llama-a", spec("llama-a", 2), a0)
+    store.create_run("run-a", "llama-a", spec("llama-a", 2, ckpt="/lustre/ckpt/llama-a"), a0)
     a1_start, a1_end = a0 + timedelta(minutes=30), W0 + timedelta(days=1)
     _attempt(store, "run-a", a0, 1001, a1_start, a1_end, AttemptState.FAILED, ["gpu01", "gpu02"],
              outcome="INFRA", evidence={"log": ["NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus"],
@@ -91,6 +97,13 @@ def build_history(store: SqlStore) -> Expected:
     _attempt(store, "run-a", a3_created, 1003, a3_start, None, AttemptState.RUNNING, ["gpu01", "gpu03"],
              progress=[(timedelta(minutes=12), 880), (timedelta(minutes=20), 900), (timedelta(hours=2), 1200)])
     store.set_run_state("run-a", RunState.RUNNING, a3_start)
+    # Its checkpoints: two replicated to s3, the newest not yet.
+    ckpts = CheckpointStore(store)
+    listed = [CheckpointInfo(f"/lustre/ckpt/llama-a/step{n}", n, W1 - timedelta(hours=h), True, 40 * 10**9, 64)
+              for n, h in ((900, 5), (1000, 3), (1100, 1.5))]
+    ckpts.record_listing("run-a", listed, W1 - timedelta(hours=1))
+    for info in listed[:2]:
+        ckpts.record_replica("run-a", info.path, "s3", True, W1 - timedelta(hours=1))
 
     # Run B: 1 node; preempted, then the job's own error ends it.
     b0 = W0 + timedelta(days=2)
@@ -155,4 +168,5 @@ def build_history(store: SqlStore) -> Expected:
         jobs=8,
         gpu_hours=16 * run_a_running + 8 * run_b_running + 4 * run_c_running,
         drained=2, returned=1,
+        ckpt_newest_step=1100, ckpt_age_h_at_w1=1.5, ckpt_bytes=120 * 10**9, ckpt_lag_h_at_w1=1.5,
     )

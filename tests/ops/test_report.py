@@ -157,6 +157,13 @@ def test_figures_equal_the_timeline(history: tuple[SqlStore, Expected, str]) -> 
     assert report.by_cause == expected.causes
     assert report.jobs == expected.jobs
     assert report.gpu_hours == pytest.approx(expected.gpu_hours)
+    assert report.checkpoints is not None
+    (ckpt,) = report.checkpoints  # only run-a checkpoints, and it still runs
+    assert (ckpt.run_id, ckpt.newest_step, ckpt.count, ckpt.stored_bytes) == (
+        "run-a", expected.ckpt_newest_step, 3, expected.ckpt_bytes)
+    assert ckpt.newest_age_s == pytest.approx(expected.ckpt_age_h_at_w1 * 3600)
+    assert ckpt.overdue  # 1.5 h against a 1 h interval
+    assert ckpt.replication_lag_s == pytest.approx(expected.ckpt_lag_h_at_w1 * 3600)
 
 
 def _png_ok(data: bytes) -> tuple[int, int]:
@@ -186,6 +193,8 @@ def test_weekly_report_mailed_once_over_starttls(history: tuple[SqlStore, Expect
     html = msg.get_body(preferencelist=("html",))
     assert text is not None and html is not None
     _check_figures(text.get_content(), expected)
+    # Checkpoints an hour after the window: newest 2.5 h old, 120 GB, 2.5 h not replicated.
+    assert re.search(r"^run-a\s+1100\s+2\.5\s+1\.0\s+yes\s+120\.0\s+3\s+2\.5$", text.get_content(), re.M)
     related = [p for p in msg.walk() if p.get_content_type() == "multipart/related"]
     assert len(related) == 1
     images = {p["Content-ID"].strip("<>"): p.get_content() for p in related[0].walk()
