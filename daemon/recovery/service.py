@@ -41,6 +41,8 @@ from .classify import (
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
 _LOG_TAIL_BYTES = 256 * 1024
+# attempt.progress events: the first step, then at most this often (report: restart, recompute).
+_PROGRESS_EVENT_EVERY = timedelta(minutes=5)
 _FINAL = {Outcome.COMPLETED: RunState.COMPLETED, Outcome.CANCELLED: RunState.CANCELLED}
 
 
@@ -71,6 +73,7 @@ class RecoveryService:
         self._log_dir = job_log_dir
         self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
         self._progress: dict[int, _Progress] = {}
+        self._progress_recorded: dict[int, datetime] = {}
         self._waiting: set[int] = set()
 
     def reconfigure(self, config: RecoveryConfig) -> None:
@@ -279,7 +282,10 @@ class RecoveryService:
         now = self._clock()
         hung = 0
         live = {a.id for a in self._store.active_attempts()}
+        for gone in set(self._progress) - live:
+            self._record_last_progress(gone, self._progress[gone])
         self._progress = {k: v for k, v in self._progress.items() if k in live}
+        self._progress_recorded = {k: v for k, v in self._progress_recorded.items() if k in live}
         for attempt in self._store.active_attempts():
             if attempt.state is not AttemptState.RUNNING or attempt.slurm_job_id is None:
                 continue
@@ -296,6 +302,7 @@ class RecoveryService:
             else:
                 if seen is None or seen.step != step:
                     self._progress[attempt.id] = _Progress(step, now)
+                    self._record_progress(attempt, step, now)
                     continue
                 since, limit = seen.since, spec.health.hang_timeout_s
             stalled = (now - since).total_seconds()
@@ -309,6 +316,26 @@ class RecoveryService:
             self._slurm.cancel(attempt.slurm_job_id)
             hung += 1
         return hung
+
+    def _record_progress(self, attempt: Attempt, step: str, now: datetime) -> None:
+        """An ``attempt.progress`` event: the first step seen, then at most every 5 minutes
+        (the weekly report's restart and recompute times come from these)."""
+        last = self._progress_recorded.get(attempt.id)
+        if not step.isdigit() or (last is not None and now - last < _PROGRESS_EVENT_EVERY):
+            return
+        self._progress_recorded[attempt.id] = now
+        self._store.append_events([NewEvent("attempt.progress", run_id=attempt.run_id,
+                                            attempt_id=attempt.id, data={"step": int(step)})], now)
+
+    def _record_last_progress(self, attempt_id: int, seen: _Progress) -> None:
+        """The last step an ended attempt reached, stamped when it was first seen (if not recorded
+        yet): the steps after its checkpoint that the next attempt must redo."""
+        recorded = self._progress_recorded.get(attempt_id)
+        if not seen.step.isdigit() or (recorded is not None and recorded >= seen.since):
+            return
+        run_id = self._store.get_attempt(attempt_id).run_id
+        self._store.append_events([NewEvent("attempt.progress", run_id=run_id, attempt_id=attempt_id,
+                                            data={"step": int(seen.step), "last": True})], seen.since)
 
 
 def _read_progress(path: str, started: datetime | None) -> str:

@@ -169,9 +169,9 @@ def interruption_cause(attempt: Attempt) -> str:
 
 
 def _first_progress(events: Sequence[Event], attempt_id: int) -> list[tuple[datetime, int]]:
-    return [(e.ts, int(e.data["step"])) for e in events
-            if e.kind == "attempt.progress" and e.attempt_id == attempt_id
-            and isinstance(e.data.get("step"), int)]
+    return sorted((e.ts, int(e.data["step"])) for e in events
+                  if e.kind == "attempt.progress" and e.attempt_id == attempt_id
+                  and isinstance(e.data.get("step"), int))
 
 
 def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFigures | None:
