@@ -191,7 +191,8 @@ def _status_one(store: Store, run_id: str, as_json: bool) -> int:
                       (a["end"] or "-")[:19].replace("T", " "), a["reason"] or ""])
     print_table(table)
     print("\nevents:")
-    for e in events[-50:]:
+    # Progress events (every few minutes) would crowd out the ones a person looks for.
+    for e in [e for e in events if e["kind"] != "attempt.progress"][-50:]:
         detail = " ".join(f"{k}={v}" for k, v in e["data"].items() if v not in (None, "", []))
         print(f"  {e['ts'][:19].replace('T', ' ')}  {e['kind']:<24} {e['actor']:<8} {detail}")
     return 0
