@@ -110,11 +110,16 @@ def main() -> int:
             path = ckpt_root / f"step_{step:06d}"
             dcp.save({"model": model.state_dict(), "step": torch.tensor(step)},
                      storage_writer=_StallingWriter(str(path), stall))
+    # Both ranks leave together; then exit hard, so no lingering gloo/store thread
+    # can keep the task (and so srun and the job) alive after the work is done.
+    dist.barrier()
     if rank == 0:
         _atomic_json(run_dir / "done.json", {"step": step, "attempt": attempt, "job_id": job_id})
         print(f"done at step {step}", flush=True)
     dist.destroy_process_group()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
