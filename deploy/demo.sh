@@ -52,5 +52,9 @@ done
 echo
 "$PY" -m b300.ctl status "$run"
 echo
+for log in "$DEMO/state/job-logs/b300-$run-a"*.out; do
+  [[ -f "$log" ]] && { echo "demo: the job's output ($log):"; cat "$log"; }
+done
+echo
 echo "demo: try  B300_CONFIG=$CONF b300ctl status   (stop the daemon: deploy/demo.sh stop)"
 [[ "$state" == COMPLETED ]]
