@@ -16,6 +16,7 @@ import pwd
 import socket
 import socketserver
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,6 +149,20 @@ def call_daemon(path: str, request: dict[str, Any], timeout: float = 180.0) -> d
     if not isinstance(reply, dict):
         raise DaemonUnavailableError("b300d sent a malformed answer")
     return reply
+
+
+def ask_daemon(
+    path: str, request: dict[str, Any], *, timeout: float = 180.0
+) -> tuple[int, dict[str, Any]]:
+    """For b300ctl: send a request; ``(0, result)``, or ``(exit code, {})`` after
+    printing the daemon's one-line refusal on stderr."""
+    reply = call_daemon(path, request, timeout=timeout)
+    if not reply.get("ok"):
+        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
+        code = reply.get("exit_code", 1)
+        return (code if isinstance(code, int) and code else 1), {}
+    result = reply.get("result")
+    return 0, result if isinstance(result, dict) else {}
 
 
 def _unavailable(path: str, exc: OSError) -> DaemonUnavailableError:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from .checkpoints.cli import add_checkpoint_commands, run_checkpoint_command
 from .config import Config, config_path, load_config
-from .control import call_daemon
+from .control import ask_daemon
 from .drift.cli import add_drift_commands, run_drift_command
 from .errors import B300Error, StoreError
 from .events_cli import add_events_command, run_events
@@ -124,12 +124,9 @@ def _mutate(cfg: Config, args: argparse.Namespace) -> int:
                    "resume_from": args.from_checkpoint}
     else:
         request = {"op": "cancel", "run_id": args.run}
-    reply = call_daemon(cfg.socket, request)
-    if not reply.get("ok"):
-        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
-        code = reply.get("exit_code", 1)
-        return code if isinstance(code, int) else 1
-    result = reply["result"]
+    code, result = ask_daemon(cfg.socket, request)
+    if code:
+        return code
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

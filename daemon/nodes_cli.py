@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import Config
-from .control import call_daemon
+from .control import ask_daemon
 from .interfaces import Store
 
 _HISTORY_KINDS = ("node.failed", "node.suspect", "node.drained", "node.resumed", "node.state")
@@ -26,19 +26,8 @@ def add_node_commands(
     p.add_argument("detail", nargs="*", help="what Slurm passed (e.g. node names)")
 
 
-def ask_daemon(cfg: Config, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """Send a request; (0, result) or (exit code, {}) after printing the error line."""
-    reply = call_daemon(cfg.socket, request)
-    if not reply.get("ok"):
-        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
-        code = reply.get("exit_code", 1)
-        return (code if isinstance(code, int) and code else 1), {}
-    result = reply.get("result")
-    return 0, result if isinstance(result, dict) else {}
-
-
 def run_notify(cfg: Config, args: argparse.Namespace) -> int:
-    code, _ = ask_daemon(cfg, {"op": "wake", "why": f"{args.event} {' '.join(args.detail)}"})
+    code, _ = ask_daemon(cfg.socket, {"op": "wake", "why": f"{args.event} {' '.join(args.detail)}"})
     return code
 
 
@@ -47,7 +36,7 @@ def run_nodes(cfg: Config, args: argparse.Namespace, open_store: Callable[[Confi
         if not args.node:
             print("b300ctl: nodes resume needs a node name", file=sys.stderr)
             return 2
-        code, result = ask_daemon(cfg, {"op": "node_resume", "node": args.node})
+        code, result = ask_daemon(cfg.socket, {"op": "node_resume", "node": args.node})
         if code == 0:
             print(json.dumps(result) if args.json else f"resumed {result['node']}")
         return code

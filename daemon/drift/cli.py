@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import Config
-from ..control import call_daemon
+from ..control import ask_daemon
 from ..errors import UsageError
 from ..interfaces import Store
 from .baseline import expected_values
@@ -45,12 +44,10 @@ def _scan(cfg: Config, args: argparse.Namespace) -> int:
         nodes = list(NodeSet(args.nodes)) if args.nodes else []
     except NodeSetParseError as exc:
         raise UsageError(f"bad node list {args.nodes!r}: {exc}") from None
-    reply = call_daemon(cfg.socket, {"op": "drift_scan", "nodes": nodes}, timeout=_SCAN_TIMEOUT_S)
-    if not reply.get("ok"):
-        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
-        code = reply.get("exit_code", 1)
-        return code if isinstance(code, int) else 1
-    result = reply["result"]
+    code, result = ask_daemon(cfg.socket, {"op": "drift_scan", "nodes": nodes},
+                              timeout=_SCAN_TIMEOUT_S)
+    if code:
+        return code
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
