@@ -14,6 +14,22 @@ import stat
 from .errors import ConfigError
 
 
+def check_secret_file(path: str, what: str) -> None:
+    """Raise ConfigError unless ``path`` is readable by its owner (and group) only.
+
+    A secret that every user on the login node can read is no secret; one that
+    others can write could be swapped for theirs.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP):
+        raise ConfigError(f"{what} {path} is readable or writable by others (mode {mode:04o}); "
+                          f"run: chmod 600 {path}")
+
+
 def check_not_writable_by_others(path: str, what: str) -> None:
     """Raise ConfigError if ``path`` is group/world-writable or owned by another user.
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import B300Error, ConfigError
 from ..ops_config import SmtpConfig
+from ..permissions import check_secret_file
 from .compute import WeeklyReport
 from .render import charts, render_html, render_text, title
 
@@ -60,6 +61,7 @@ def alert_message(subject: str, body: str, sender: str, to: Sequence[str]) -> Em
 
 
 def _password(smtp: SmtpConfig) -> str:
+    check_secret_file(smtp.password_file, "the SMTP password file")
     try:
         return Path(smtp.password_file).read_text(encoding="utf-8").strip()
     except OSError as exc:

@@ -95,6 +95,7 @@ def smtp_server(tmp_path: Path) -> Iterator[tuple[_Inbox, SmtpConfig]]:
     controller.start()
     password = tmp_path / "smtp.pass"
     password.write_text("s3cret\n")
+    password.chmod(0o600)  # b300d refuses a password file others can read
     try:
         yield inbox, SmtpConfig(host="127.0.0.1", port=port, user="b300", password_file=str(password),
                                 starttls=True, sender="b300d@login01.test", ca_file=str(cert))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from b300.config import load_config
 from b300.errors import ConfigError
@@ -60,3 +62,41 @@ def test_bad_configs(tmp_path: Path, text: str, message: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(str(tmp_path / "nope.toml"))
+
+
+_KEYS = st.sampled_from(["state_dir", "database_url", "poll_interval", "log_format", "backend",
+                         "settle", "blackhole_failures", "check_interval", "signal", "x"])
+_VALUES = st.one_of(st.integers(-5, 10**6), st.booleans(), st.floats(allow_nan=False),
+                    st.text(max_size=30), st.just("/abs/path"), st.just("15s"))
+_TABLES = st.sampled_from(["daemon", "slurm", "recovery", "checkpoints", "nope"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_TABLES, st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=4))
+def test_any_config_is_a_config_or_one_config_error(tmp_path_factory: pytest.TempPathFactory,
+                                                     doc: dict[str, dict[str, object]]) -> None:
+    """Hostile or broken config values end in a Config or one ConfigError line, nothing else."""
+    import json
+
+    lines = []
+    for table, values in doc.items():
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    path = tmp_path_factory.mktemp("cfg") / "b300.toml"
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        load_config(str(path))
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_is_a_config_or_a_config_error(tmp_path_factory: pytest.TempPathFactory,
+                                                text: str) -> None:
+    path = tmp_path_factory.mktemp("cfg") / "b300.toml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        load_config(str(path))
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
