@@ -27,6 +27,7 @@ from ..errors import SlurmError
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord, Run, RunState
 from ..runs import RunService, crashpoint
+from ..slurm.script import output_pattern
 from ..spec import JobSpec, parse_spec
 from .classify import (
     BlackHolePolicy,
@@ -359,12 +360,7 @@ def _read_progress(path: str, started: datetime | None) -> str:
 
 
 def _job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str | None:
-    if attempt.slurm_job_id is None:
-        return None
-    if spec.output:
-        pattern = spec.output
-    elif log_dir:
-        pattern = f"{log_dir.rstrip('/')}/%x-%j.out"
-    else:
+    pattern = output_pattern(spec, log_dir)
+    if attempt.slurm_job_id is None or pattern is None:
         return None
     return pattern.replace("%j", str(attempt.slurm_job_id)).replace("%x", attempt.tag)

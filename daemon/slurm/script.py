@@ -43,6 +43,12 @@ def render_script(
     return "\n".join(lines)
 
 
+def output_pattern(spec: JobSpec, log_dir: str | None) -> str | None:
+    """The job's ``--output`` pattern: the spec's own, else ``<log_dir>/%x-%j.out``
+    (where the daemon reads the log back), else Slurm's default (``None``)."""
+    return spec.output or (f"{log_dir.rstrip('/')}/%x-%j.out" if log_dir else None)
+
+
 def build_request(
     spec: JobSpec,
     *,
@@ -57,7 +63,7 @@ def build_request(
     Without an ``output`` in the spec, the job's log goes to
     ``<log_dir>/<job name>-<job id>.out``, where the daemon can read it.
     """
-    output = spec.output or (f"{log_dir.rstrip('/')}/%x-%j.out" if log_dir else None)
+    output = output_pattern(spec, log_dir)
     return SubmitRequest(
         job_name=attempt_tag(run_id, attempt),
         comment=f"b300 run={run_id} attempt={attempt} name={spec.name}",
