@@ -115,11 +115,11 @@ def test_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path, slurm_conf
     d.start()
     try:
         runs = [
-            d.submit(write_spec(tmp_path / f"r{i}.toml", f"restart{i}", "sleep 6"))
+            d.submit(write_spec(tmp_path / f"r{i}.toml", f"restart{i}", "sleep 20"))
             for i in range(3)
         ]
         wait_for(
-            lambda: all(d.run(r)["run"]["state"] == "RUNNING" for r in runs), 60, "all runs RUNNING"
+            lambda: all(d.run(r)["run"]["state"] == "RUNNING" for r in runs), 90, "all runs RUNNING"
         )
         d.kill(signal.SIGKILL)
         d.start()
