@@ -85,7 +85,7 @@ def test_random_sigkills_during_recovery_lose_and_duplicate_nothing(
             _check(d, slurm_conf, run_id)
             # Every named crash point once, then plain random kills.
             env = {"B300_CRASH_AT": points.pop(0)} if points else None
-            d.start(extra_env=env)
+            d.start(extra_env=env, wait=False)
             if env:
                 wait_for(lambda: (d.proc is not None and d.proc.poll() is not None)
                          or d.run(run_id)["run"]["state"] == "COMPLETED", 60,
