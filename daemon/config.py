@@ -21,6 +21,9 @@
     conf = ""                            # SLURM_CONF for the Slurm tools
     bin_dir = ""                         # where sbatch & co. live (default: PATH)
     command_timeout = "30s"
+    accounting_grace = "60s"             # how long a job Slurm calls ended may lack its
+                                         # accounting record (slurmdbd slow or down) before
+                                         # the controller's view alone is taken
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpoints.config import CheckpointsConfig, parse_checkpoints_config
 from .drift.config import DriftConfig, parse_drift_config
 from .errors import ConfigError
 from .ops_config import (
@@ -68,6 +72,7 @@ class Config:
     slurm_conf: str | None = None
     slurm_bin_dir: str | None = None
     slurm_timeout_s: float = 30.0
+    accounting_grace_s: float = 60.0
     lease_name: str = "default"  # PostgreSQL: daemons sharing a lease name are one HA pair
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
     recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
@@ -86,28 +91,6 @@ class RecoveryConfig:
     blackhole_failures: int = 3       # drain a node that failed this many different runs...
     blackhole_window_s: float = 86400.0  # ...within this window
     node_trigger: bool = True         # strigger on node down wakes the daemon at once
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointsConfig:
-    """[checkpoints]: the daemon's periodic checkpoint pass (b300.checkpoints.watch)."""
-
-    check_interval_s: float = 60.0   # list, fingerprint and check the schedule this often
-    signal: str | None = "USR1"      # sent to an overdue job's batch step; "" = alert only
-    manifests_per_pass: int = 2      # checksum manifests made per run per pass
-
-
-def _checkpoints(table: Mapping[str, Any], where: str) -> CheckpointsConfig:
-    reject_unknown(table, {"check_interval", "signal", "manifests_per_pass"}, where, ConfigError)
-    sig = get_str(table, "signal", where, ConfigError, default="USR1",
-                  pattern=re.compile(r"|[A-Z][A-Z0-9]{0,9}"), what="a signal name like USR1")
-    return CheckpointsConfig(
-        check_interval_s=parse_duration(table.get("check_interval", 60), "check_interval",
-                                        where, ConfigError),
-        signal=sig or None,
-        manifests_per_pass=get_int(table, "manifests_per_pass", where, ConfigError, default=2,
-                                   lo=0, hi=1000) or 0,
-    )
 
 
 def _recovery(table: Mapping[str, Any], where: str) -> RecoveryConfig:
@@ -166,7 +149,8 @@ def load_config(path: str) -> Config:
         raise ConfigError(f"{dw}: log_level must be one of {', '.join(_LEVELS)}, got {level!r}")
     s = get_table(doc, "slurm", path, ConfigError)
     sw = f"{path}: [slurm]"
-    reject_unknown(s, {"backend", "conf", "bin_dir", "command_timeout"}, sw, ConfigError)
+    reject_unknown(s, {"backend", "conf", "bin_dir", "command_timeout", "accounting_grace"}, sw,
+                   ConfigError)
     backend = get_str(s, "backend", sw, ConfigError, default="auto") or "auto"
     if backend not in ("auto", "cli", "pyslurm"):
         raise ConfigError(f"{sw}: backend must be auto, cli or pyslurm, got {backend!r}")
@@ -199,9 +183,11 @@ def load_config(path: str) -> Config:
             f"|{_ABS.pattern}"), what="an absolute path") or None,
         slurm_timeout_s=parse_duration(s.get("command_timeout", 30), "command_timeout", sw,
                                        ConfigError),
+        accounting_grace_s=parse_duration(s.get("accounting_grace", 60), "accounting_grace", sw,
+                                          ConfigError),
         recovery=_recovery(get_table(doc, "recovery", path, ConfigError), f"{path}: [recovery]"),
-        checkpoints=_checkpoints(get_table(doc, "checkpoints", path, ConfigError),
-                                 f"{path}: [checkpoints]"),
+        checkpoints=parse_checkpoints_config(get_table(doc, "checkpoints", path, ConfigError),
+                                             f"{path}: [checkpoints]"),
         drift=parse_drift_config(get_table(doc, "drift", path, ConfigError), path) if "drift" in doc else None,
         report=report,
         metrics=parse_metrics_config(get_table(doc, "metrics", path, ConfigError), f"{path}: [metrics]"),

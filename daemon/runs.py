@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import signal
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 
 import structlog
 
 from .errors import SlurmError, UsageError
+from .faults import crashpoint
 from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
 from .slurm.parse import expand_nodes
@@ -30,18 +30,6 @@ from .tracking import run_state_for
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
 _PATH_RE = re.compile(r"/[^\x00\n]{0,4000}")
-
-
-def crashpoint(name: str, attempt: int | None = None) -> None:
-    """Die here, as SIGKILL would, when ``B300_CRASH_AT`` names this point
-    (``name``, or ``name_a<attempt>`` for one attempt number only).
-
-    The crash-safety tests use it to stop the real daemon between an intent
-    and its confirmation; it does nothing otherwise.
-    """
-    where = os.environ.get("B300_CRASH_AT")
-    if where and where in (name, f"{name}_a{attempt}"):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def new_run_id(name: str) -> str:

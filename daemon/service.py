@@ -21,6 +21,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import __version__
+from .checkpoints.upkeep import CheckpointUpkeep
 from .checkpoints.watch import CheckpointPass
 from .config import Config, load_config
 from .control import ControlServer, Peer, is_admin
@@ -101,11 +102,15 @@ class Daemon:
                             job_log_dir=config.job_log_dir)
             if config.recovery.enabled else None
         )
-        self.tracker = JobTracker(store, slurm, self.runs, self.clock, recovery=self.recovery)
+        self.tracker = JobTracker(store, slurm, self.runs, self.clock, recovery=self.recovery,
+                                  accounting_grace_s=config.accounting_grace_s)
         self.checkpoint_pass = CheckpointPass(
             store, CheckpointStore(store), slurm, self.clock,  # type: ignore[arg-type]
             signal=config.checkpoints.signal,
             manifests_per_pass=config.checkpoints.manifests_per_pass)
+        self.checkpoint_upkeep = CheckpointUpkeep(
+            store, CheckpointStore(store), config.checkpoints, self.clock,  # type: ignore[arg-type]
+            action_lock=self._lock, stopping=lambda: self._stop.is_set())
         self._stop = threading.Event()
         self._failures = 0
         self._skip_until = 0.0
@@ -253,6 +258,9 @@ class Daemon:
             self.drift.schedule(self._scheduler)
         self._scheduler.add_job(self.checkpoint_pass.run_once, "interval", id="checkpoints",
                                 seconds=self.config.checkpoints.check_interval_s,
+                                max_instances=1, coalesce=True)
+        self._scheduler.add_job(self.checkpoint_upkeep.run_once, "interval", id="checkpoint-upkeep",
+                                seconds=self.config.checkpoints.maintain_interval_s,
                                 max_instances=1, coalesce=True)
         self._scheduler.start()
         self.ops.start(self._scheduler, sd_notify)

@@ -31,11 +31,12 @@ def add_checkpoint_commands(subparsers: Any, parents: Sequence[argparse.Argument
     p = subparsers.add_parser("checkpoints", parents=list(parents),
                               help="checkpoints of the runs: verified, replicated, what a prune deletes")
     p.add_argument("run", nargs="?", help="run id (default: every run that is not ended)")
-    p.add_argument("--keep-last", type=int, default=3, metavar="N", help="newest complete ones kept (3)")
-    p.add_argument("--keep-hourly-for", default="24h", metavar="DURATION",
-                   help="keep the newest of each hour for this long (24h)")
-    p.add_argument("--keep-daily-for", default="7d", metavar="DURATION",
-                   help="keep the newest of each day for this long (7d)")
+    p.add_argument("--keep-last", type=int, default=None, metavar="N",
+                   help="newest complete ones kept (default: [checkpoints] keep_last)")
+    p.add_argument("--keep-hourly-for", default=None, metavar="DURATION",
+                   help="keep the newest of each hour for this long (default: keep_hourly_for)")
+    p.add_argument("--keep-daily-for", default=None, metavar="DURATION",
+                   help="keep the newest of each day for this long (default: keep_daily_for)")
     p.add_argument("--prune", action="store_true", help="delete what the plan says (dry run without --yes)")
     p.add_argument("--yes", action="store_true", help="with --prune: really delete")
 
@@ -45,7 +46,8 @@ def run_checkpoint_command(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> int:
     """Run ``b300ctl checkpoints``; returns the exit code."""
-    policy = _policy(args)
+    policy = _policy(args, cfg.checkpoints.retention)
+    configured = [t.name for t in cfg.checkpoints.targets]
     store = open_store(cfg)
     try:
         if args.run:
@@ -54,7 +56,8 @@ def run_checkpoint_command(
             runs = [r for r in store.list_runs() if not r.state.is_terminal]
         if args.prune and not args.run:
             raise UsageError("--prune needs a run id")
-        reports = [_report(store, run, policy, now(), prune=args.prune, really=args.yes) for run in runs]
+        reports = [_report(store, run, policy, now(), prune=args.prune, really=args.yes, targets=configured)
+                   for run in runs]
     finally:
         store.close()
     if args.json:
@@ -64,20 +67,26 @@ def run_checkpoint_command(
     return 0
 
 
-def _policy(args: argparse.Namespace) -> RetentionPolicy:
-    if args.keep_last < 1:
+def _policy(args: argparse.Namespace, configured: RetentionPolicy) -> RetentionPolicy:
+    if args.keep_last is not None and args.keep_last < 1:
         raise UsageError("--keep-last must be at least 1")
+
+    def span(value: str | None, flag: str, default: timedelta) -> timedelta:
+        if value is None:
+            return default
+        if value.strip() == "0":
+            return timedelta(0)
+        return timedelta(seconds=parse_duration(value, flag, "b300ctl", UsageError))
+
     return RetentionPolicy(
-        keep_last=args.keep_last,
-        hourly_for=timedelta(seconds=parse_duration(args.keep_hourly_for, "--keep-hourly-for", "b300ctl",
-                                                    UsageError)),
-        daily_for=timedelta(seconds=parse_duration(args.keep_daily_for, "--keep-daily-for", "b300ctl",
-                                                   UsageError)),
+        keep_last=configured.keep_last if args.keep_last is None else args.keep_last,
+        hourly_for=span(args.keep_hourly_for, "--keep-hourly-for", configured.hourly_for),
+        daily_for=span(args.keep_daily_for, "--keep-daily-for", configured.daily_for),
     )
 
 
 def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, prune: bool,
-            really: bool) -> dict[str, Any]:
+            really: bool, targets: Sequence[str] = ()) -> dict[str, Any]:
     try:
         spec = parse_spec(run.spec_toml, where=f"run {run.id}")
     except B300Error as exc:
@@ -86,7 +95,7 @@ def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, p
         return {"run": run.id, "dir": None, "checkpoints": [], "would_delete": []}
     found = load_layout(spec.checkpoint.layout).list_checkpoints(spec.checkpoint.dir)
     known = _known(store, run.id)
-    targets = sorted({t for k in known.values() for t in k.get("replicas", {})})
+    targets = sorted(set(targets) | {t for k in known.values() for t in k.get("replicas", {})})
     pending = {a.resume_from for a in store.attempts(run.id) if not a.state.is_terminal and a.resume_from}
     states = [_state(c, known.get(c.path, {})) for c in found]
     plan = plan_prune(states, policy, now, pending_resume=pending, replication_targets=targets)
@@ -112,7 +121,8 @@ def _known(store: Store, run_id: str) -> dict[str, dict[str, Any]]:
     if not isinstance(store, SqlStore):
         return {}
     return {
-        c.info.path: {"verified": c.verified, "marked": c.marked, "replicas": c.replicas}
+        c.info.path: {"verified": c.verified, "marked": c.marked, "replicas": c.replicas,
+                      "replicas_pruned": sorted(c.replicas_pruned)}
         for c in CheckpointStore(store).checkpoints(run_id)
     }
 
@@ -146,9 +156,16 @@ def _row(state: CheckpointState, known: dict[str, Any], plan: PrunePlan) -> dict
         "files": c.files, "complete": c.complete, "why_incomplete": c.why_incomplete,
         "verified": known.get("verified"), "marked": state.marked,
         "replicated_to": sorted(state.replicated_to),
+        "replicas_pruned": known.get("replicas_pruned", []),
         "next_prune": "keep" if c.path in plan.keep else "delete",
         "kept_because": list(plan.keep.get(c.path, ())),
     }
+
+
+def _where(row: dict[str, Any]) -> str:
+    pruned = set(row.get("replicas_pruned", ()))
+    names = [f"{t}(pruned there)" if t in pruned else t for t in row["replicated_to"]]
+    return ",".join(names) or "-"
 
 
 def _size(n: int) -> str:
@@ -178,7 +195,7 @@ def _print(reports: list[dict[str, Any]]) -> None:
             complete = "yes" if c["complete"] else f"no: {c['why_incomplete']}"
             nxt = "delete" if c["next_prune"] == "delete" else "keep (" + "; ".join(c["kept_because"]) + ")"
             table.append([str(c["step"]), c["time"][:19].replace("T", " "), _size(c["size_bytes"]), complete,
-                          verified, ",".join(c["replicated_to"]) or "-", nxt])
+                          verified, _where(c), nxt])
         if len(table) > 1:
             _print_table(table)
         print(f"  next prune deletes {len(r['would_delete'])} checkpoint(s)")

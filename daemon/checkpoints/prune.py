@@ -4,6 +4,11 @@ Before anything is deleted the checkpoint the plan prunes against (its newest
 verified one) is verified again; if that fails nothing is deleted. Deletion never
 leaves the checkpoint root and never follows a symlink (a symlinked checkpoint
 loses the link only).
+
+A checkpoint directory is first renamed to ``.b300-deleting-<name>`` (one atomic
+rename: no layout lists that name) and only then removed, so a crash midway
+never leaves a half-deleted checkpoint that looks complete; the next prune
+finishes such leftovers (:func:`finish_interrupted_deletes`).
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
+from ..faults import crashpoint
 from ..interfaces import ReplicationTarget
 from ..model import CheckpointInfo
 from .replicate import replica_records, verify_replica
 from .retention import CheckpointState, PrunePlan, RetentionPolicy, plan_prune
-from .walk import inside, real_root
+from .walk import inside, real_root, top_entries
 
 NEWEST_VERIFIED = "newest verified"
+TRASH_PREFIX = ".b300-deleting-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,7 @@ def prune_local(
     for path in paths:
         _delete_inside(path, root_real)
         deleted.append(path)
+        crashpoint("prune_one_deleted")
     return PruneResult(tuple(deleted), dry_run=False)
 
 
@@ -64,7 +72,25 @@ def _delete_inside(path: str, root_real: str) -> None:
     if os.path.islink(path):
         os.unlink(path)
     elif os.path.isdir(path):
-        shutil.rmtree(path)
+        trash = os.path.join(os.path.dirname(path), TRASH_PREFIX + os.path.basename(path))
+        if os.path.lexists(trash):  # left by an earlier interrupted prune of the same name
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(path, trash)
+        crashpoint("prune_renamed")
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def finish_interrupted_deletes(root: str) -> tuple[str, ...]:
+    """Remove the ``.b300-deleting-*`` directories an interrupted prune left in ``root``."""
+    root_real = real_root(root)
+    if root_real is None:
+        return ()
+    done = []
+    for name, path, is_dir in top_entries(root_real):
+        if name.startswith(TRASH_PREFIX) and is_dir and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(path)
+    return tuple(done)
 
 
 def plan_remote_prune(
@@ -93,4 +119,5 @@ def prune_remote(target: ReplicationTarget, plan: PrunePlan, *, dry_run: bool) -
         return PruneResult((), dry_run=False, refused=f"replica {anchor} does not verify; nothing deleted")
     for name in names:
         target.delete_replica(name)
+        crashpoint("remote_prune_one_deleted")
     return PruneResult(names, dry_run=False)

@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from ..errors import UsageError
+from ..faults import crashpoint
 from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget
 from ..model import CheckpointInfo
 from .manifest import Manifest, ManifestEntry
@@ -145,6 +146,7 @@ def replicate(
     todo = [e for e in manifest.files if not _same_size(remote.get(e.rel), e)]
     skipped = len(manifest.files) - len(todo)
     sent = _send(ckpt.path, name, todo, target, remote, concurrency, throttle)
+    crashpoint("replica_sent")
     bad = _verify_remote(name, manifest.files, target, concurrency)
     if bad:
         log.warning("replication.resend", target=target.name, replica=name, files=len(bad))
@@ -154,6 +156,7 @@ def replicate(
         problems = tuple(f"{e.rel!r} differs on {target.name} after copying it twice" for e in bad)
         return ReplicationResult(target.name, name, False, sent, len(todo), skipped, problems)
     target.put_record(name, ReplicaRecord(name, ckpt.step, ckpt.mtime, manifest).to_json())
+    crashpoint("replica_recorded")
     return ReplicationResult(target.name, name, True, sent, len(todo), skipped)
 
 

@@ -8,7 +8,7 @@ marked one. Whatever the rules say, the plan NEVER deletes:
 - the newest verified checkpoint (and deletes nothing at all while none is
   verified: there would be nothing safe to prune against);
 - a checkpoint a pending resume points at;
-- a checkpoint not yet replicated to every configured target;
+- a complete checkpoint not yet replicated to every configured target;
 - an incomplete checkpoint newer than the newest complete one (it may be
   being written right now).
 
@@ -85,7 +85,7 @@ def plan_prune(
             keep(s, "marked")
         if s.info.path in pending_resume:
             keep(s, "pending resume")
-        if targets and not targets <= s.replicated_to:
+        if targets and s.info.complete and not targets <= s.replicated_to:
             keep(s, "not replicated to " + ",".join(sorted(targets - s.replicated_to)))
         if not s.info.complete and (newest_complete_step is None or s.info.step > newest_complete_step):
             keep(s, "may be being written")

@@ -24,9 +24,10 @@ import structlog
 
 from ..config import RecoveryConfig
 from ..errors import SlurmError
+from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord, Run, RunState
-from ..runs import RunService, crashpoint
+from ..runs import RunService
 from ..slurm.script import output_pattern
 from ..spec import JobSpec, parse_spec
 from .classify import (

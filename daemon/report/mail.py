@@ -24,7 +24,17 @@ SMTP_TIMEOUT_S = 60.0
 
 
 class MailError(B300Error):
-    """The SMTP server could not be reached or refused the mail."""
+    """The SMTP server could not be reached or refused the mail.
+
+    ``maybe_delivered`` is true when the connection broke while the message
+    itself was being sent: the server may have taken it, so sending it again
+    could deliver it twice. Any other failure (no connection, a refused login,
+    sender or recipient, a rejected message) is safe to retry.
+    """
+
+    def __init__(self, message: str, *, maybe_delivered: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_delivered = maybe_delivered
 
 
 def report_message(report: WeeklyReport, sender: str, to: Sequence[str], *, week: str = "") -> EmailMessage:
@@ -72,6 +82,7 @@ def _password(smtp: SmtpConfig) -> str:
 
 def send_mail(smtp: SmtpConfig, msg: EmailMessage, timeout: float = SMTP_TIMEOUT_S) -> None:
     """Deliver ``msg``; STARTTLS (verified against ``ca_file`` or the system CAs) before any login."""
+    sending = False
     try:
         with smtplib.SMTP(smtp.host, smtp.port, timeout=timeout) as client:
             client.ehlo()
@@ -81,7 +92,9 @@ def send_mail(smtp: SmtpConfig, msg: EmailMessage, timeout: float = SMTP_TIMEOUT
                 client.ehlo()
             if smtp.user:
                 client.login(smtp.user, _password(smtp))
+            sending = True
             client.send_message(msg)
     except (smtplib.SMTPException, OSError) as exc:
+        refused = isinstance(exc, smtplib.SMTPResponseException | smtplib.SMTPRecipientsRefused)
         raise MailError(f"mail to {smtp.host}:{smtp.port} failed: {type(exc).__name__}: "
-                        f"{str(exc)[:200]}") from None
+                        f"{str(exc)[:200]}", maybe_delivered=sending and not refused) from None

@@ -3,8 +3,15 @@
 Before sending, a ``report.sending`` event with the week key is recorded, and
 ``report.sent`` after. A week with ``report.sent`` is never sent again; one
 with ``report.sending`` but no ``report.sent`` (the daemon died while sending,
-or the SMTP server failed mid-way) is *not* resent automatically -- the mail
-may have gone out -- and this is logged; ``b300ctl report --out`` still makes it.
+or the connection broke while the message was on the wire) is *not* resent
+automatically -- the mail may have gone out -- and this is logged; ``b300ctl
+report --out`` still makes it.
+
+A send that failed before the message could have arrived (the SMTP server
+down or refusing) is recorded as ``report.failed`` with ``retry: true``; a
+catch-up job every ``retry_s`` sends such a week again until it goes through,
+and also sends a week the daemon missed (it was down at the scheduled time)
+within a day of its end.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from ..errors import B300Error
 from ..interfaces import NewEvent, Store
+from ..model import Event
 from ..ops_config import ReportConfig
 from .collect import collect_report
 from .compute import Window, week_key
@@ -26,6 +34,8 @@ from .mail import report_message, send_mail
 
 log = structlog.get_logger(__name__)
 JOB_ID = "weekly-report"
+RETRY_JOB_ID = "weekly-report-catch-up"
+CATCH_UP_FOR = timedelta(days=1)
 
 
 def report_window(now: datetime, cfg: ReportConfig) -> Window:
@@ -50,11 +60,11 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
     assert cfg.smtp is not None
     window = report_window(now, cfg)
     week = week_key(window)
-    seen = [e for e in store.events(kinds=["report.sending", "report.sent"]) if e.data.get("week") == week]
+    seen = _week_events(store, week)
     if any(e.kind == "report.sent" for e in seen):
         log.info("report.already_sent", week=week)
         return "already-sent"
-    if seen:
+    if seen and not _retryable(seen):
         log.warning("report.unconfirmed", week=week,
                     why="a send was started but never confirmed; not resending (it may have arrived)")
         return "unconfirmed"
@@ -64,8 +74,10 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
     try:
         send_mail(cfg.smtp, msg)
     except B300Error as exc:
-        log.error("report.failed", week=week, error=str(exc))
-        store.append_events([NewEvent("report.failed", data={"week": week, "error": str(exc)})], now)
+        retry = not getattr(exc, "maybe_delivered", False)
+        log.error("report.failed", week=week, error=str(exc), retry=retry)
+        store.append_events([NewEvent("report.failed", data={"week": week, "error": str(exc),
+                                                             "retry": retry})], now)
         return "failed"
     store.append_events([NewEvent("report.sent", data={"week": week, "to": list(cfg.to),
                                                        "message_id": msg["Message-ID"]})], now)
@@ -73,12 +85,36 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
     return "sent"
 
 
+def _week_events(store: Store, week: str) -> list[Event]:
+    kinds = ["report.sending", "report.sent", "report.failed"]
+    return [e for e in store.events(kinds=kinds) if e.data.get("week") == week]
+
+
+def _retryable(seen: list[Event]) -> bool:
+    """The week's last event is a failure that cannot have delivered the mail."""
+    last = max(seen, key=lambda e: e.id)
+    return bool(last.kind == "report.failed" and last.data.get("retry"))
+
+
+def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
+    """Send the current week's report again after a refused send, or when the daemon
+    missed its time (within a day of the week's end); ``nothing-to-do`` otherwise."""
+    window = report_window(now, cfg)
+    seen = _week_events(store, week_key(window))
+    if seen and not _retryable(seen):
+        return "nothing-to-do"
+    if not seen and now - window.until > CATCH_UP_FOR:
+        return "nothing-to-do"
+    return send_weekly_report(store, cfg, now)
+
+
 def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[], ReportConfig],
-                    clock: Callable[[], datetime]) -> None:
+                    clock: Callable[[], datetime], *, retry_s: float = 600.0) -> None:
     """(Re)schedule the weekly report from the current [report] config; removes it when disabled."""
     cfg = get_cfg()
-    if scheduler.get_job(JOB_ID) is not None:
-        scheduler.remove_job(JOB_ID)
+    for job_id in (JOB_ID, RETRY_JOB_ID):
+        if scheduler.get_job(job_id) is not None:
+            scheduler.remove_job(job_id)
     if not cfg.enabled:
         return
 
@@ -90,4 +126,12 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
 
     trigger = CronTrigger(day_of_week=cfg.day, hour=cfg.hour, minute=0, timezone=ZoneInfo(cfg.timezone))
     scheduler.add_job(job, trigger, id=JOB_ID, max_instances=1, coalesce=True, misfire_grace_time=3600)
+
+    def catch_up() -> None:
+        try:
+            catch_up_weekly_report(store, get_cfg(), clock())
+        except Exception:  # never take the daemon down; the next run tries again
+            log.exception("report.catch_up_crashed")
+
+    scheduler.add_job(catch_up, "interval", id=RETRY_JOB_ID, seconds=retry_s, max_instances=1, coalesce=True)
     log.info("report.scheduled", day=cfg.day, hour=cfg.hour, timezone=cfg.timezone)

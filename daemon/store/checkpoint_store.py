@@ -32,6 +32,7 @@ class StoredCheckpoint:
     marked: bool
     replicas: dict[str, bool]
     deleted_at: datetime | None = None
+    replicas_pruned: frozenset[str] = frozenset()  # targets whose retention deleted the copy
 
     @property
     def replicated_to(self) -> frozenset[str]:
@@ -117,10 +118,31 @@ class CheckpointStore:
                 assert row.id is not None
                 rep = CheckpointReplicaRow(checkpoint_id=row.id, target=target, ok=ok, updated_at=now)
             rep.ok, rep.bytes_sent, rep.error, rep.updated_at = ok, bytes_sent, error, now
+            rep.pruned_at = None
             session.add(rep)
             self._store._add_events(session, [NewEvent(
                 "checkpoint.replicated" if ok else "checkpoint.replication_failed",
                 data={"path": path, "target": target, "bytes_sent": bytes_sent, "error": error})],
+                now, run_id=run_id)
+
+    def record_replicas_pruned(self, run_id: str, paths: Sequence[str], target: str, now: datetime,
+                               actor: str = "daemon") -> None:
+        """Record that ``target``'s retention deleted the replicas of ``paths`` (one
+        ``checkpoint.replica_pruned`` event). The copies still count as made."""
+        if not paths:
+            return
+        with self._store._write() as session:
+            for path in paths:
+                row = session.exec(select(CheckpointRow).where(
+                    CheckpointRow.run_id == run_id, CheckpointRow.path == path)).first()
+                rep = None if row is None else session.exec(select(CheckpointReplicaRow).where(
+                    CheckpointReplicaRow.checkpoint_id == row.id,
+                    CheckpointReplicaRow.target == target)).first()
+                if rep is not None:
+                    rep.pruned_at, rep.updated_at = now, now
+                    session.add(rep)
+            self._store._add_events(session, [NewEvent(
+                "checkpoint.replica_pruned", actor=actor, data={"target": target, "paths": list(paths)})],
                 now, run_id=run_id)
 
     def record_pruned(self, run_id: str, paths: Sequence[str], now: datetime, actor: str = "daemon") -> None:
@@ -144,11 +166,15 @@ class CheckpointStore:
             rows = session.exec(query.order_by(col(CheckpointRow.step), col(CheckpointRow.path))).all()
             ids = [r.id for r in rows]
             replicas: dict[int, dict[str, bool]] = {}
-            if ids:
+            pruned: dict[int, set[str]] = {}
+            for i in range(0, len(ids), 500):  # bounded IN lists
                 for rep in session.exec(select(CheckpointReplicaRow).where(
-                        col(CheckpointReplicaRow.checkpoint_id).in_(ids))):
+                        col(CheckpointReplicaRow.checkpoint_id).in_(ids[i:i + 500]))):
                     replicas.setdefault(rep.checkpoint_id, {})[rep.target] = rep.ok
-            return [_to_record(r, replicas.get(r.id or 0, {})) for r in rows]
+                    if rep.pruned_at is not None:
+                        pruned.setdefault(rep.checkpoint_id, set()).add(rep.target)
+            return [_to_record(r, replicas.get(r.id or 0, {}), frozenset(pruned.get(r.id or 0, ())))
+                    for r in rows]
 
 
 def _row(session: Session, run_id: str, path: str) -> CheckpointRow:
@@ -159,9 +185,10 @@ def _row(session: Session, run_id: str, path: str) -> CheckpointRow:
     return row
 
 
-def _to_record(row: CheckpointRow, replicas: dict[str, bool]) -> StoredCheckpoint:
+def _to_record(row: CheckpointRow, replicas: dict[str, bool],
+               pruned: frozenset[str] = frozenset()) -> StoredCheckpoint:
     info = CheckpointInfo(path=row.path, step=row.step, mtime=row.mtime, complete=row.complete,
                           size_bytes=row.size_bytes, files=row.files)
     return StoredCheckpoint(run_id=row.run_id, info=info, verified=row.verified, verified_at=row.verified_at,
                             marked=row.marked, replicas=dict(sorted(replicas.items())),
-                            deleted_at=row.deleted_at)
+                            deleted_at=row.deleted_at, replicas_pruned=pruned)

@@ -48,7 +48,8 @@ class CheckpointRow(SQLModel, table=True):
 
 
 class CheckpointReplicaRow(SQLModel, table=True):
-    """A checkpoint's copy on one replication target; ``ok`` once copied and verified."""
+    """A checkpoint's copy on one replication target; ``ok`` once copied and verified,
+    ``pruned_at`` once the target's own retention deleted it."""
 
     __tablename__ = "checkpoint_replica"
     __table_args__ = (
@@ -70,3 +71,4 @@ class CheckpointReplicaRow(SQLModel, table=True):
     bytes_sent: int = Field(default=0, sa_column=sa.Column(sa.BigInteger(), nullable=False))
     error: str = Field(default="", sa_column=sa.Column(sa.Text(), nullable=False))
     updated_at: datetime = Field(sa_column=_utc_column())
+    pruned_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))  # rev 0202

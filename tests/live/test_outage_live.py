@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLUSTER, make_daemon, wait_for, write_spec
+from helpers import CLUSTER, make_daemon, slurm_cmd, wait_for, write_spec
 
 pytestmark = pytest.mark.slurm
 
@@ -76,5 +76,74 @@ def test_store_locked_for_a_while(tmp_path: Path, slurm_conf: str) -> None:
         status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
         assert status["run"]["state"] == "COMPLETED" and len(status["attempts"]) == 1
         assert d.proc is not None and d.proc.poll() is None
+    finally:
+        d.cleanup()
+
+
+def _dbd_pid(slurm_conf: str) -> int:
+    run_dir = Path(slurm_conf).parent.parent / "run"
+    return int((run_dir / "slurmdbd.pid").read_text().strip())
+
+
+def test_slurmdbd_down_the_controller_view_is_used_after_the_grace(tmp_path: Path, slurm_conf: str) -> None:
+    """slurmdbd stopped: sacct fails, the daemon keeps tracking from the controller,
+    waits the accounting grace for an ended job, and calls nothing a failure."""
+    d = make_daemon(tmp_path, slurm_conf, poll_interval="0.5s", max_backoff="3s")
+    d.config.write_text(d.config.read_text() + 'accounting_grace = "6s"\n')
+    d.start()
+    pid = _dbd_pid(slurm_conf)
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, "slurmdbd to stop")
+    try:
+        ok = d.submit(write_spec(tmp_path / "ok.toml", "dbd-ok", "sleep 2"))
+        status = d.wait_run(ok, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)
+        assert status["run"]["state"] == "COMPLETED" and len(status["attempts"]) == 1
+        assert "sacct:" in d.log.read_text()  # it did try accounting, and went on without it
+        assert not [e for e in status["events"] if e["kind"].startswith("recovery.")]
+        assert d.proc is not None and d.proc.poll() is None
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "up"], check=True, capture_output=True, timeout=300)
+    # Accounting is back: the next run is tracked with sacct's exit code again.
+    bad = d.submit(write_spec(tmp_path / "bad.toml", "dbd-bad", "exit 3"))
+    status = d.wait_run(bad, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)
+    assert status["run"]["state"] == "FAILED" and status["attempts"][0]["exit_code"] == 3
+    d.cleanup()
+
+
+@pytest.mark.postgres
+def test_database_gone_daemon_fences_itself_and_a_restart_catches_up(
+        tmp_path: Path, slurm_conf: str, pg_url: str) -> None:
+    """The PostgreSQL database refuses connections for a while (every session killed):
+    the daemon cannot keep its lease, so it stops acting and exits 75 (systemd restarts
+    it); restarted once the database is back, it adopts the job that ended meanwhile,
+    with one attempt and no second submission."""
+    import psycopg
+
+    from store_fixtures import _admin_connection
+
+    name = pg_url.rsplit("/", 1)[1]
+    d = make_daemon(tmp_path, slurm_conf, database_url=pg_url, poll_interval="0.5s", max_backoff="2s")
+    d.start()
+    run_id = d.submit(write_spec(tmp_path / "pg.toml", "pg-gone", "sleep 8"))
+    d.wait_run(run_id, {"RUNNING"}, timeout=60)
+    with _admin_connection() as admin:
+        admin.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(
+            psycopg.sql.Identifier(name)))
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+    try:
+        assert d.proc is not None
+        d.proc.wait(60)
+        assert d.proc.returncode == 75, d.log.read_text()[-2000:]
+        time.sleep(10)  # the job ends while no daemon can record it
+    finally:
+        with _admin_connection() as admin:
+            admin.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(
+                psycopg.sql.Identifier(name)))
+    d.start()
+    try:
+        status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)
+        assert status["run"]["state"] == "COMPLETED" and len(status["attempts"]) == 1
+        jobs = slurm_cmd(slurm_conf, "sacct", "-X", "-n", "-P", "--format=JobName", "-S", "now-1hour")
+        assert sum(1 for line in jobs.splitlines() if line.startswith(f"b300-{run_id}-a")) == 1
     finally:
         d.cleanup()

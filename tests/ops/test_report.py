@@ -29,7 +29,12 @@ from report_history import W0, W1, Expected, build_history
 from b300.ops_config import ReportConfig, SmtpConfig
 from b300.report.collect import collect_report
 from b300.report.compute import Window
-from b300.report.schedule import report_window, schedule_report, send_weekly_report
+from b300.report.schedule import (
+    catch_up_weekly_report,
+    report_window,
+    schedule_report,
+    send_weekly_report,
+)
 from b300.store import SqlStore, open_store
 from helpers import REPO
 
@@ -220,6 +225,58 @@ def test_an_unconfirmed_send_is_not_repeated(history: tuple[SqlStore, Expected, 
     store.append_events([NewEvent("report.sending", data={"week": "2026-W47"})], W1)
     assert send_weekly_report(store, cfg, W1 + dt.timedelta(hours=1)) == "unconfirmed"
     assert inbox.messages == []
+
+
+class _Refusing:
+    """An SMTP server that refuses every recipient (a policy block, a full mailbox)."""
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
+                          rcpt_options: Any) -> str:
+        return "550 5.7.1 relaying denied"
+
+
+def test_smtp_down_then_refusing_then_back_is_retried_and_sent_once(
+        history: tuple[SqlStore, Expected, str]) -> None:
+    """Real SMTP outages: nothing listening, then a server refusing the recipient, then a
+    working server. Each failure is recorded as safe to retry; the catch-up job sends the
+    week's report when the server works, exactly once."""
+    store, _, _ = history
+    port = _free_port()
+    smtp = SmtpConfig(host="127.0.0.1", port=port, starttls=False, sender="b300d@login01.test")
+    cfg = ReportConfig(to=("platform@example.test",), smtp=smtp, day="mon", hour=0, timezone="UTC")
+    monday = W1 + dt.timedelta(hours=1)
+
+    assert send_weekly_report(store, cfg, monday) == "failed"  # connection refused
+    refusing = Controller(_Refusing(), hostname="127.0.0.1", port=port)
+    refusing.start()
+    try:
+        assert catch_up_weekly_report(store, cfg, monday + dt.timedelta(minutes=10)) == "failed"
+    finally:
+        refusing.stop()
+    inbox = _Inbox()
+    working = Controller(inbox, hostname="127.0.0.1", port=port)
+    working.start()
+    try:
+        assert catch_up_weekly_report(store, cfg, monday + dt.timedelta(minutes=20)) == "sent"
+        assert catch_up_weekly_report(store, cfg, monday + dt.timedelta(minutes=30)) == "nothing-to-do"
+        assert send_weekly_report(store, cfg, monday + dt.timedelta(minutes=40)) == "already-sent"
+    finally:
+        working.stop()
+    assert len(inbox.messages) == 1
+    failed = [e.data for e in store.events(kinds=["report.failed"])]
+    assert [f["retry"] for f in failed] == [True, True]
+    assert "ConnectionRefusedError" in str(failed[0]["error"]) and "550" in str(failed[1]["error"])
+
+
+def test_a_missed_week_is_caught_up_within_a_day_only(history: tuple[SqlStore, Expected, str]) -> None:
+    store, _, _ = history
+    smtp = SmtpConfig(host="127.0.0.1", port=_free_port(), starttls=False)
+    cfg = ReportConfig(to=("platform@example.test",), smtp=smtp, day="mon", hour=0, timezone="UTC")
+    # The daemon was down at Monday 00:00 and starts again on Wednesday: too late to mail.
+    assert catch_up_weekly_report(store, cfg, W1 + dt.timedelta(days=2)) == "nothing-to-do"
+    assert store.events(kinds=["report.sending"]) == []
+    # Started again on Monday at 05:00: the week is caught up (here: the server is down).
+    assert catch_up_weekly_report(store, cfg, W1 + dt.timedelta(hours=5)) == "failed"
 
 
 def test_the_report_job_fires_in_the_cluster_time_zone(history: tuple[SqlStore, Expected, str]) -> None:

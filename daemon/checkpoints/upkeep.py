@@ -1,0 +1,266 @@
+"""The daemon's checkpoint upkeep: copy offsite, then prune, every ``maintain_interval``.
+
+For each run that is not ended (and each run that ended in the last week, whose
+final checkpoints still need their copies), in this order:
+
+1. finish any delete an earlier prune left half done (``.b300-deleting-*``);
+2. **replicate**: every complete checkpoint with a manifest that some
+   configured target does not hold yet is copied there, newest first, at most
+   ``replicas_per_pass`` copies per pass, under one bandwidth limit
+   (:func:`b300.checkpoints.replicate.replicate` resumes an interrupted copy
+   and verifies it before it writes the replica record); the outcome is recorded;
+3. **prune locally** (when ``prune = true``) by the retention rules, which keep
+   the newest verified checkpoint, anything a pending resume points at, and
+   anything not yet copied to every target. Before deleting, each target is asked
+   again whether it still holds the replica (a copy deleted by hand since is
+   copied again instead of trusted); the plan's anchor is verified again; the
+   pending resumes are read again under the daemon's action lock, so recovery
+   cannot pick a checkpoint while it is being deleted. A ``checkpoint.prune_started``
+   event (the intent) is written before the first delete and ``checkpoint.pruned``
+   after;
+4. **prune the targets** (when ``prune_remote = true``) by the same rules over
+   their replica records, after reading the newest replica back intact.
+
+Nothing here raises into the scheduler: a target that is down is logged (and an
+event raised once, when it goes down) and retried on the next pass.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from ..errors import B300Error
+from ..interfaces import NewEvent, ReplicationTarget, Store
+from ..model import CheckpointInfo, Run
+from ..spec import parse_spec
+from ..store.checkpoint_store import CheckpointStore, StoredCheckpoint
+from .config import CheckpointsConfig, TargetConfig
+from .layouts import load_layout
+from .manifest import read_manifest, verify
+from .prune import anchor_of, finish_interrupted_deletes, plan_remote_prune, prune_local, prune_remote
+from .replicate import Throttle, load_target, replica_name, replicate
+from .retention import CheckpointState, PrunePlan, plan_prune
+from .watch import runs_to_look_after
+
+log = structlog.get_logger(__name__)
+TargetFactory = Callable[[str, Mapping[str, Any]], ReplicationTarget]
+
+
+class CheckpointUpkeep:
+    """One object for the daemon's life; :meth:`run_once` is the scheduled job."""
+
+    def __init__(
+        self,
+        store: Store,
+        checkpoints: CheckpointStore,
+        config: CheckpointsConfig,
+        clock: Callable[[], datetime],
+        *,
+        action_lock: threading.Lock,
+        stopping: Callable[[], bool] = lambda: False,
+        target_factory: TargetFactory = load_target,
+    ) -> None:
+        self._store = store
+        self._checkpoints = checkpoints
+        self._cfg = config
+        self._clock = clock
+        self._lock = action_lock
+        self._stopping = stopping
+        self._factory = target_factory
+        self._down: set[tuple[str, str]] = set()  # (run, target) known to be unreachable
+
+    def run_once(self) -> None:
+        """One pass; failures are logged, never raised into the scheduler."""
+        try:
+            self._pass()
+        except B300Error as exc:
+            log.warning("checkpoints.upkeep_failed", error=str(exc))
+        except Exception:
+            log.exception("checkpoints.upkeep_crashed")
+
+    def _pass(self) -> None:
+        throttle = Throttle(self._cfg.bandwidth_limit)
+        budget = [self._cfg.replicas_per_pass]
+        for run in runs_to_look_after(self._store, self._clock()):
+            if self._stopping():
+                return
+            try:
+                self._run(run, throttle, budget)
+            except B300Error as exc:
+                log.warning("checkpoints.upkeep_run_failed", run=run.id, error=str(exc))
+
+    def _run(self, run: Run, throttle: Throttle, budget: list[int]) -> None:
+        spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+        root = spec.checkpoint.dir
+        if not root:
+            return
+        leftovers = finish_interrupted_deletes(root)
+        if leftovers:
+            log.info("checkpoints.finished_interrupted_delete", run=run.id, paths=list(leftovers))
+        found = load_layout(spec.checkpoint.layout).list_checkpoints(root)
+        self._checkpoints.record_listing(run.id, found, self._clock())
+        with ExitStack() as stack:
+            targets = {t.name: self._open(run.id, t, stack) for t in self._cfg.targets}
+            for t in self._cfg.targets:
+                target = targets[t.name]
+                if target is not None:
+                    self._replicate(run.id, found, t.name, target, throttle, budget)
+            if self._cfg.prune and not self._stopping():
+                self._prune_local(run, root, found, targets)
+            if self._cfg.prune_remote and not self._stopping():
+                for name, target in targets.items():
+                    if target is not None:
+                        self._prune_remote(run, name, target)
+
+    # -- targets ------------------------------------------------------------
+
+    def _open(self, run_id: str, t: TargetConfig, stack: ExitStack) -> ReplicationTarget | None:
+        key = (run_id, t.name)
+        try:
+            target = self._factory(t.kind, t.options_for(run_id))
+        except Exception as exc:  # a plugin's connect may raise anything (socket, auth, botocore)
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("checkpoints.target_unavailable", run=run_id, target=t.name, error=error)
+            if key not in self._down:
+                self._down.add(key)
+                self._store.append_events([NewEvent("checkpoint.target_unavailable", run_id=run_id,
+                                                    data={"target": t.name, "error": error})], self._clock())
+            return None
+        stack.callback(target.close)
+        if key in self._down:
+            self._down.discard(key)
+            self._store.append_events([NewEvent("checkpoint.target_ok", run_id=run_id,
+                                                data={"target": t.name})], self._clock())
+        return target
+
+    # -- replication ----------------------------------------------------------
+
+    def _replicate(self, run_id: str, found: list[CheckpointInfo], name: str, target: ReplicationTarget,
+                   throttle: Throttle, budget: list[int]) -> None:
+        known = {c.info.path: c for c in self._checkpoints.checkpoints(run_id)}
+        for ckpt in sorted(found, key=lambda c: c.step, reverse=True):
+            if budget[0] <= 0 or self._stopping():
+                return
+            stored = known.get(ckpt.path)
+            if not ckpt.complete or stored is None or stored.verified is not True:
+                continue
+            if stored.replicas.get(name):
+                continue
+            manifest = read_manifest(ckpt.path)
+            if manifest is None:
+                continue
+            budget[0] -= 1
+            try:
+                result = replicate(ckpt, manifest, target, concurrency=self._cfg.replication_concurrency,
+                                   throttle=throttle)
+            except Exception as exc:  # network, permissions, the server going away mid-copy
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                log.warning("checkpoints.replication_interrupted", run=run_id, target=name,
+                            path=ckpt.path, error=error)
+                self._checkpoints.record_replica(run_id, ckpt.path, name, False, self._clock(), error=error)
+                return  # the target is in trouble; the next pass resumes the copy
+            if not result.ok:
+                local = verify(ckpt.path)
+                if not local.ok:
+                    self._checkpoints.record_verification(run_id, ckpt.path, False, self._clock(),
+                                                          local.problems)
+            self._checkpoints.record_replica(run_id, ckpt.path, name, result.ok, self._clock(),
+                                             bytes_sent=result.bytes_sent,
+                                             error="; ".join(result.problems)[:1000])
+            log.info("checkpoints.replicated" if result.ok else "checkpoints.replication_failed",
+                     run=run_id, target=name, path=ckpt.path, bytes_sent=result.bytes_sent,
+                     files_sent=result.files_sent, files_skipped=result.files_skipped)
+
+    # -- pruning ----------------------------------------------------------------
+
+    def _pending(self, run_id: str) -> set[str]:
+        return {a.resume_from for a in self._store.attempts(run_id)
+                if not a.state.is_terminal and a.resume_from}
+
+    def _plan(self, run_id: str, found: list[CheckpointInfo], pending: set[str]) -> PrunePlan:
+        known = {c.info.path: c for c in self._checkpoints.checkpoints(run_id)}
+        states = [_state(c, known.get(c.path)) for c in found]
+        return plan_prune(states, self._cfg.retention, self._clock(), pending_resume=pending,
+                          replication_targets=[t.name for t in self._cfg.targets])
+
+    def _prune_local(self, run: Run, root: str, found: list[CheckpointInfo],
+                     targets: Mapping[str, ReplicationTarget | None]) -> None:
+        plan = self._plan(run.id, found, self._pending(run.id))
+        if not plan.delete:
+            return
+        if any(t is None for t in targets.values()):
+            return  # cannot confirm the copies on a target that is down: delete nothing
+        missing = self._unconfirmed(run.id, plan, targets)
+        anchor = anchor_of(plan)
+        anchor_ok = anchor is not None and verify(anchor).ok
+        with self._lock:
+            # Recovery picks resume points under this lock: read them again here.
+            again = self._plan(run.id, found, self._pending(run.id))
+            if anchor_of(again) != anchor:
+                return  # the picture changed; the next pass plans afresh
+            delete = tuple(c for c in again.delete
+                           if c.path in {d.path for d in plan.delete} and c.path not in missing)
+            if not delete:
+                return
+            self._store.append_events([NewEvent("checkpoint.prune_started", run_id=run.id,
+                                                data={"paths": [c.path for c in delete]})], self._clock())
+            result = prune_local(PrunePlan(keep=again.keep, delete=delete), root, dry_run=False,
+                                 verify=lambda p: p == anchor and anchor_ok)
+            if result.refused:
+                log.warning("checkpoints.prune_refused", run=run.id, why=result.refused)
+                self._store.append_events([NewEvent("checkpoint.prune_refused", run_id=run.id,
+                                                    data={"why": result.refused})], self._clock())
+            if result.deleted:
+                self._checkpoints.record_pruned(run.id, result.deleted, self._clock())
+                log.info("checkpoints.pruned", run=run.id, deleted=len(result.deleted))
+
+    def _unconfirmed(self, run_id: str, plan: PrunePlan,
+                     targets: Mapping[str, ReplicationTarget | None]) -> set[str]:
+        """Paths the plan deletes whose replica a target no longer holds (and did not prune itself)."""
+        known = {c.info.path: c for c in self._checkpoints.checkpoints(run_id)}
+        missing: set[str] = set()
+        for name, target in targets.items():
+            assert target is not None
+            for info in plan.delete:
+                stored = known.get(info.path)
+                if stored is None or not info.complete or name in stored.replicas_pruned:
+                    continue
+                if target.get_record(replica_name(info)) is None:
+                    missing.add(info.path)
+                    log.warning("checkpoints.replica_missing", run=run_id, target=name, path=info.path)
+                    self._checkpoints.record_replica(run_id, info.path, name, False, self._clock(),
+                                                     error=f"replica no longer on {name}; copying again")
+        return missing
+
+    def _prune_remote(self, run: Run, name: str, target: ReplicationTarget) -> None:
+        pending = {os.path.basename(p.rstrip("/")) for p in self._pending(run.id)}
+        plan = plan_remote_prune(target, self._cfg.retention, self._clock(), pending_resume=pending)
+        if not plan.delete:
+            return
+        names = [c.path for c in plan.delete]
+        self._store.append_events([NewEvent("checkpoint.replica_prune_started", run_id=run.id,
+                                            data={"target": name, "replicas": names})], self._clock())
+        result = prune_remote(target, plan, dry_run=False)
+        if result.refused:
+            log.warning("checkpoints.replica_prune_refused", run=run.id, target=name, why=result.refused)
+            return
+        by_name = {replica_name(c.info): c.info.path
+                   for c in self._checkpoints.checkpoints(run.id, include_deleted=True)}
+        paths = [by_name[n] for n in result.deleted if n in by_name]
+        self._checkpoints.record_replicas_pruned(run.id, paths, name, self._clock())
+        log.info("checkpoints.replicas_pruned", run=run.id, target=name, deleted=len(result.deleted))
+
+
+def _state(info: CheckpointInfo, stored: StoredCheckpoint | None) -> CheckpointState:
+    if stored is None:
+        return CheckpointState(info)
+    return CheckpointState(info, verified=stored.verified is True, marked=stored.marked,
+                           replicated_to=stored.replicated_to)
+

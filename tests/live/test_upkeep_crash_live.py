@@ -1,0 +1,128 @@
+"""Fault injection: SIGKILL the real daemon while it copies checkpoints offsite and prunes them.
+
+A finished run leaves eight checkpoints; the daemon (upkeep every second, a
+bandwidth limit so copies take a while) copies them to an offsite directory,
+then prunes both sides to the newest two. The test kills it with SIGKILL at
+each named crash point of replication and pruning once, then at random
+moments, and restarts it. After every kill it checks:
+
+- every checkpoint gone from disk had a verified replica first (its copy on
+  the target, or a ``checkpoint.replicated`` event before its deletion);
+- no half-deleted checkpoint is listed as complete, and every complete one
+  still matches its manifest;
+- the newest checkpoint is on disk and intact;
+- every replica with a record reads back intact.
+
+At the end the daemon converges: the newest two on both sides, intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from b300.checkpoints.layouts import load_layout
+from b300.checkpoints.manifest import read_manifest, verify
+from b300.checkpoints.replicate import load_target, replica_records, verify_replica
+from helpers import DaemonHandle, make_daemon, wait_for, write_spec
+
+pytestmark = pytest.mark.slurm
+STEPS = [100, 200, 300, 400, 500, 600, 700, 800]
+CRASH_POINTS = ["replica_sent", "replica_recorded", "prune_renamed", "prune_one_deleted",
+                "remote_prune_one_deleted"]
+
+
+def _checkpoints(root: Path) -> None:
+    now = time.time()
+    for i, step in enumerate(STEPS):
+        d = root / f"step_{step}"
+        (d / "shards").mkdir(parents=True)
+        (d / "model.pt").write_bytes(os.urandom(2 << 20))
+        for r in range(4):
+            (d / "shards" / f"rank{r}.pt").write_bytes(os.urandom(256 << 10))
+        (d / "DONE").write_bytes(b"")
+        t = now - (len(STEPS) - i) * 3600
+        for f in d.rglob("*"):
+            os.utime(f, (t, t))
+
+
+def _events(db: Path, run_id: str) -> list[tuple[int, str, dict[str, object]]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT id, kind, data FROM event WHERE run_id = ? ORDER BY id", (run_id,))
+        return [(i, k, json.loads(d or "{}")) for i, k, d in rows]
+
+
+def _check(root: Path, offsite: Path, db: Path, run_id: str) -> None:
+    listed = load_layout("generic").list_checkpoints(str(root))
+    on_disk = {c.step for c in listed}
+    assert max(STEPS) in on_disk, "the newest checkpoint was deleted"
+    for c in listed:
+        if c.complete and read_manifest(c.path) is not None:
+            assert verify(c.path).ok, f"{c.path} listed complete but does not verify"
+    replicated = {str(e["path"]) for _i, k, e in _events(db, run_id) if k == "checkpoint.replicated"}
+    for step in set(STEPS) - on_disk:
+        path = str(root / f"step_{step}")
+        assert path in replicated, f"step {step} deleted without a verified replica"
+    target = load_target("filesystem", {"path": str(offsite)})
+    for record in replica_records(target):
+        assert verify_replica(record.name, target) == (), f"replica {record.name} is damaged"
+
+
+def test_random_sigkills_during_replication_and_prune_lose_nothing(tmp_path: Path, slurm_conf: str) -> None:
+    rng = random.Random(20261130)  # noqa: S311 - reproducible test timing, not crypto
+    root = tmp_path / "ckpt"
+    _checkpoints(root)
+    offsite = tmp_path / "offsite"
+    d: DaemonHandle = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
+    d.config.write_text(d.config.read_text() + (
+        '[recovery]\nnode_trigger = false\n'
+        '[checkpoints]\ncheck_interval = "1s"\nmaintain_interval = "1s"\nmanifests_per_pass = 8\n'
+        'prune = true\nkeep_last = 2\nkeep_hourly_for = "0"\nkeep_daily_for = "0"\n'
+        'bandwidth_limit = "6MB"\nreplicas_per_pass = 3\nreplication_concurrency = 2\n'
+        f'[[checkpoints.targets]]\nname = "nfs"\nkind = "filesystem"\npath = "{offsite}/{{run}}"\n'))
+    db = d.state_dir / "state.db"
+    spec = write_spec(tmp_path / "run.toml", "ck", "true")
+    spec.write_text(spec.read_text() + f'[checkpoint]\ndir = "{root}"\nlayout = "generic"\n')
+    d.start()
+    kills = 0
+    try:
+        run_id = d.submit(spec)
+        d.wait_run(run_id, {"COMPLETED"}, timeout=120)
+        target_dir = offsite / run_id
+        points = list(CRASH_POINTS)
+        deadline = time.monotonic() + 300
+
+        def converged() -> bool:
+            names = sorted(os.listdir(target_dir)) if target_dir.exists() else []
+            local = sorted(c.step for c in load_layout("generic").list_checkpoints(str(root)))
+            return local == STEPS[-2:] and names == ["step_700", "step_800"]
+
+        while not converged() or points:
+            assert time.monotonic() < deadline, "upkeep did not converge in time"
+            if points:
+                point = points.pop(0)
+                d.kill(signal.SIGKILL)
+                d.start(extra_env={"B300_CRASH_AT": point})
+                wait_for(lambda: d.proc is not None and d.proc.poll() is not None, 45,
+                         f"the daemon to reach {point}")
+            else:
+                time.sleep(rng.uniform(0.3, 2.5))
+                d.kill(signal.SIGKILL)
+            kills += 1
+            _check(root, target_dir, db, run_id)
+            d.start()
+        _check(root, target_dir, db, run_id)
+        target = load_target("filesystem", {"path": str(target_dir)})
+        assert [r.step for r in replica_records(target)] == STEPS[-2:]
+        assert not [n for n in os.listdir(root) if n.startswith(".b300-deleting-")]
+        assert kills >= len(CRASH_POINTS) + 3
+        print(f"SIGKILLs survived during replication and prune: {kills}")
+    finally:
+        d.cleanup()
