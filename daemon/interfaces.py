@@ -364,3 +364,14 @@ class RemoteHasher(Protocol):
     """
 
     def sha256_files(self, replica: str, rels: Sequence[str]) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class ReplicaLister(Protocol):
+    """A replication target that can list every replica directory it holds, with a
+    record or not (optional beside :class:`ReplicationTarget`).
+
+    The upkeep uses it to remove what an interrupted remote prune left behind
+    (files whose record was already deleted)."""
+
+    def list_all(self) -> list[str]: ...

@@ -30,7 +30,7 @@ log "user b300, admin group $ADMIN_GROUP"
 
 install -d -m 0755 "$PREFIX"
 [[ -x $PREFIX/venv/bin/python ]] || "$PY" -m venv "$PREFIX/venv"
-"$PREFIX/venv/bin/python" -m pip install --quiet --disable-pip-version-check ".[report]"
+"$PREFIX/venv/bin/python" -m pip install --quiet --disable-pip-version-check ".[report,s3,postgres]"
 install -m 0644 README.md "$PREFIX/README.md"
 ln -sf "$PREFIX/venv/bin/b300ctl" /usr/local/bin/b300ctl
 log "venv $PREFIX/venv"

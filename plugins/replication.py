@@ -123,6 +123,12 @@ class FilesystemTarget:
             return []
         return sorted(n for n in names if os.path.isfile(os.path.join(self._base, n, _RECORD)))
 
+    def list_all(self) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self._base) if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+
     def delete_replica(self, replica: str) -> None:
         self.delete_record(replica)
         shutil.rmtree(self._dir(replica), ignore_errors=True)
@@ -303,6 +309,14 @@ class SftpTarget:
                 out.append(n)
         return sorted(out)
 
+    def list_all(self) -> list[str]:
+        with self._sftp() as sftp:
+            try:
+                attrs = sftp.listdir_attr(self._base)
+            except FileNotFoundError:
+                return []
+        return sorted(a.filename for a in attrs if stat.S_ISDIR(a.st_mode or 0))
+
     def delete_replica(self, replica: str) -> None:
         self.delete_record(replica)
         base = self._dir(replica)
@@ -448,6 +462,13 @@ class S3Target:
                 if self.get_record(replica) is not None:
                     names.append(replica)
         return sorted(names)
+
+    def list_all(self) -> list[str]:
+        names = []
+        paginator = self._s3.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self._bucket, Prefix=self._prefix, Delimiter="/"):
+            names += [p["Prefix"][len(self._prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        return sorted(n for n in names if n)
 
     def delete_replica(self, replica: str) -> None:
         self.delete_record(replica)

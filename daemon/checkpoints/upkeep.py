@@ -37,7 +37,7 @@ from typing import Any
 import structlog
 
 from ..errors import B300Error
-from ..interfaces import NewEvent, ReplicationTarget, Store
+from ..interfaces import NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
 from ..spec import parse_spec
 from ..store.checkpoint_store import CheckpointStore, StoredCheckpoint
@@ -242,20 +242,34 @@ class CheckpointUpkeep:
     def _prune_remote(self, run: Run, name: str, target: ReplicationTarget) -> None:
         pending = {os.path.basename(p.rstrip("/")) for p in self._pending(run.id)}
         plan = plan_remote_prune(target, self._cfg.retention, self._clock(), pending_resume=pending)
-        if not plan.delete:
+        if plan.delete:
+            names = [c.path for c in plan.delete]
+            self._store.append_events([NewEvent("checkpoint.replica_prune_started", run_id=run.id,
+                                                data={"target": name, "replicas": names})], self._clock())
+            result = prune_remote(target, plan, dry_run=False)
+            if result.refused:
+                log.warning("checkpoints.replica_prune_refused", run=run.id, target=name, why=result.refused)
+                return
+            by_name = {replica_name(c.info): c.info.path
+                       for c in self._checkpoints.checkpoints(run.id, include_deleted=True)}
+            paths = [by_name[n] for n in result.deleted if n in by_name]
+            self._checkpoints.record_replicas_pruned(run.id, paths, name, self._clock())
+            log.info("checkpoints.replicas_pruned", run=run.id, target=name, deleted=len(result.deleted))
+        self._remove_leftovers(run.id, name, target)
+
+    def _remove_leftovers(self, run_id: str, name: str, target: ReplicationTarget) -> None:
+        """Remove replica directories without a record (an interrupted remote prune, or a
+        copy begun of a checkpoint since deleted here); only names of this run's
+        checkpoints that are gone from disk, nothing else that may sit on the target."""
+        if not isinstance(target, ReplicaLister):
             return
-        names = [c.path for c in plan.delete]
-        self._store.append_events([NewEvent("checkpoint.replica_prune_started", run_id=run.id,
-                                            data={"target": name, "replicas": names})], self._clock())
-        result = prune_remote(target, plan, dry_run=False)
-        if result.refused:
-            log.warning("checkpoints.replica_prune_refused", run=run.id, target=name, why=result.refused)
-            return
-        by_name = {replica_name(c.info): c.info.path
-                   for c in self._checkpoints.checkpoints(run.id, include_deleted=True)}
-        paths = [by_name[n] for n in result.deleted if n in by_name]
-        self._checkpoints.record_replicas_pruned(run.id, paths, name, self._clock())
-        log.info("checkpoints.replicas_pruned", run=run.id, target=name, deleted=len(result.deleted))
+        gone = {replica_name(c.info) for c in self._checkpoints.checkpoints(run_id, include_deleted=True)
+                if c.deleted_at is not None}
+        on_disk = {replica_name(c.info) for c in self._checkpoints.checkpoints(run_id)}
+        leftovers = (set(target.list_all()) - set(target.list_replicas())) & (gone - on_disk)
+        for replica in sorted(leftovers):
+            target.delete_replica(replica)
+            log.info("checkpoints.replica_leftover_removed", run=run_id, target=name, replica=replica)
 
 
 def _state(info: CheckpointInfo, stored: StoredCheckpoint | None) -> CheckpointState:

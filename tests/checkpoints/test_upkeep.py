@@ -112,6 +112,19 @@ def test_replicates_then_prunes_both_sides(tmp_path: Path, store: SqlStore, kind
     _upkeep(store, _config([t])).run_once()
     assert _steps(ckpt) == [40, 50] and len(store.events(run_id=RUN)) == before
 
+    # What an interrupted remote prune leaves (files, record already gone) is removed;
+    # a directory that is no checkpoint of this run is left alone.
+    some = tmp_path / "some.bin"
+    some.write_bytes(b"x" * 100)
+    target = load_target(kind, t.options_for(RUN))
+    try:
+        for replica in ("step_10", "notes"):
+            target.put_file(str(some), replica, "model.pt", 100, 0, lambda n: None)
+        _upkeep(store, _config([t])).run_once()
+        assert target.list_all() == ["notes", "step_40", "step_50"]  # type: ignore[attr-defined]
+    finally:
+        target.close()
+
 
 def test_unreplicated_checkpoints_stay_until_copied(tmp_path: Path, store: SqlStore) -> None:
     ckpt = tmp_path / "ckpt"

@@ -4,7 +4,8 @@ A finished run leaves eight checkpoints; the daemon (upkeep every second, a
 bandwidth limit so copies take a while) copies them to an offsite directory,
 then prunes both sides to the newest two. The test kills it with SIGKILL at
 each named crash point of replication and pruning once, then at random
-moments, and restarts it. After every kill it checks:
+moments while four more checkpoints arrive, and restarts it each time. After
+every kill it checks:
 
 - every checkpoint gone from disk had a verified replica first (its copy on
   the target, or a ``checkpoint.replicated`` event before its deletion);
@@ -35,20 +36,22 @@ from helpers import DaemonHandle, make_daemon, wait_for, write_spec
 
 pytestmark = pytest.mark.slurm
 STEPS = [100, 200, 300, 400, 500, 600, 700, 800]
+LATER = [900, 1000, 1100, 1200]  # written while the daemon is being killed at random
+RANDOM_KILLS = 6
 CRASH_POINTS = ["replica_sent", "replica_recorded", "prune_renamed", "prune_one_deleted",
                 "remote_prune_one_deleted"]
 
 
-def _checkpoints(root: Path) -> None:
+def _checkpoints(root: Path, steps: list[int]) -> None:
     now = time.time()
-    for i, step in enumerate(STEPS):
+    for i, step in enumerate(steps):
         d = root / f"step_{step}"
         (d / "shards").mkdir(parents=True)
         (d / "model.pt").write_bytes(os.urandom(2 << 20))
         for r in range(4):
             (d / "shards" / f"rank{r}.pt").write_bytes(os.urandom(256 << 10))
         (d / "DONE").write_bytes(b"")
-        t = now - (len(STEPS) - i) * 3600
+        t = now - (len(steps) - i) * 5  # a few seconds apart, in step order
         for f in d.rglob("*"):
             os.utime(f, (t, t))
 
@@ -59,15 +62,15 @@ def _events(db: Path, run_id: str) -> list[tuple[int, str, dict[str, object]]]:
         return [(i, k, json.loads(d or "{}")) for i, k, d in rows]
 
 
-def _check(root: Path, offsite: Path, db: Path, run_id: str) -> None:
+def _check(root: Path, offsite: Path, db: Path, run_id: str, steps: list[int]) -> None:
     listed = load_layout("generic").list_checkpoints(str(root))
     on_disk = {c.step for c in listed}
-    assert max(STEPS) in on_disk, "the newest checkpoint was deleted"
+    assert max(steps) in on_disk, "the newest checkpoint was deleted"
     for c in listed:
         if c.complete and read_manifest(c.path) is not None:
             assert verify(c.path).ok, f"{c.path} listed complete but does not verify"
     replicated = {str(e["path"]) for _i, k, e in _events(db, run_id) if k == "checkpoint.replicated"}
-    for step in set(STEPS) - on_disk:
+    for step in set(steps) - on_disk:
         path = str(root / f"step_{step}")
         assert path in replicated, f"step {step} deleted without a verified replica"
     target = load_target("filesystem", {"path": str(offsite)})
@@ -78,14 +81,14 @@ def _check(root: Path, offsite: Path, db: Path, run_id: str) -> None:
 def test_random_sigkills_during_replication_and_prune_lose_nothing(tmp_path: Path, slurm_conf: str) -> None:
     rng = random.Random(20261130)  # noqa: S311 - reproducible test timing, not crypto
     root = tmp_path / "ckpt"
-    _checkpoints(root)
+    _checkpoints(root, STEPS)
     offsite = tmp_path / "offsite"
     d: DaemonHandle = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
     d.config.write_text(d.config.read_text() + (
         '[recovery]\nnode_trigger = false\n'
         '[checkpoints]\ncheck_interval = "1s"\nmaintain_interval = "1s"\nmanifests_per_pass = 8\n'
         'prune = true\nkeep_last = 2\nkeep_hourly_for = "0"\nkeep_daily_for = "0"\n'
-        'bandwidth_limit = "6MB"\nreplicas_per_pass = 3\nreplication_concurrency = 2\n'
+        'bandwidth_limit = "3MB"\nreplicas_per_pass = 3\nreplication_concurrency = 2\n'
         f'[[checkpoints.targets]]\nname = "nfs"\nkind = "filesystem"\npath = "{offsite}/{{run}}"\n'))
     db = d.state_dir / "state.db"
     spec = write_spec(tmp_path / "run.toml", "ck", "true")
@@ -96,33 +99,37 @@ def test_random_sigkills_during_replication_and_prune_lose_nothing(tmp_path: Pat
         run_id = d.submit(spec)
         d.wait_run(run_id, {"COMPLETED"}, timeout=120)
         target_dir = offsite / run_id
-        points = list(CRASH_POINTS)
-        deadline = time.monotonic() + 300
 
-        def converged() -> bool:
+        def converged(steps: list[int]) -> bool:
             names = sorted(os.listdir(target_dir)) if target_dir.exists() else []
             local = sorted(c.step for c in load_layout("generic").list_checkpoints(str(root)))
-            return local == STEPS[-2:] and names == ["step_700", "step_800"]
+            return local == steps[-2:] and names == [f"step_{s}" for s in steps[-2:]]
 
-        while not converged() or points:
-            assert time.monotonic() < deadline, "upkeep did not converge in time"
-            if points:
-                point = points.pop(0)
-                d.kill(signal.SIGKILL)
-                d.start(extra_env={"B300_CRASH_AT": point})
-                wait_for(lambda: d.proc is not None and d.proc.poll() is not None, 45,
-                         f"the daemon to reach {point}")
-            else:
-                time.sleep(rng.uniform(0.3, 2.5))
-                d.kill(signal.SIGKILL)
+        # 1. Each named crash point once (each needs work left: they come in the order
+        #    the work reaches them).
+        for point in CRASH_POINTS:
+            d.kill(signal.SIGKILL)
+            d.start(extra_env={"B300_CRASH_AT": point}, wait=False)
+            wait_for(lambda: d.proc is not None and d.proc.poll() is not None, 45,
+                     f"the daemon to reach {point}")
             kills += 1
-            _check(root, target_dir, db, run_id)
+            _check(root, target_dir, db, run_id, STEPS)
             d.start()
-        _check(root, target_dir, db, run_id)
+        # 2. Training writes more checkpoints; SIGKILLs at random moments meanwhile.
+        steps = STEPS + LATER
+        _checkpoints(root, LATER)
+        for _ in range(RANDOM_KILLS):
+            time.sleep(rng.uniform(0.3, 2.5))
+            d.kill(signal.SIGKILL)
+            kills += 1
+            _check(root, target_dir, db, run_id, steps)
+            d.start()
+        # 3. Left alone, it converges: the newest two on both sides.
+        wait_for(lambda: converged(steps), 120, "upkeep to converge")
+        _check(root, target_dir, db, run_id, steps)
         target = load_target("filesystem", {"path": str(target_dir)})
-        assert [r.step for r in replica_records(target)] == STEPS[-2:]
+        assert [r.step for r in replica_records(target)] == steps[-2:]
         assert not [n for n in os.listdir(root) if n.startswith(".b300-deleting-")]
-        assert kills >= len(CRASH_POINTS) + 3
         print(f"SIGKILLs survived during replication and prune: {kills}")
     finally:
         d.cleanup()
