@@ -5,12 +5,15 @@ checked against a known_hosts file, never trusted on first use) and ``s3``
 (boto3, multipart uploads with SHA-256 checksums). Each implements
 :class:`b300.interfaces.ReplicationTarget`. Partial copies are kept under
 ``<rel>.b300part`` on file-like targets so an interrupted copy continues where
-it stopped; S3 re-sends a file whose upload did not finish.
+it stopped; on S3 an interrupted multipart upload stays open and is continued
+part by part.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import io
 import os
 import posixpath
@@ -19,6 +22,7 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from b300.interfaces import RemoteFile
@@ -399,6 +403,8 @@ class S3Target:
                                 aws_secret_access_key=aws_secret_access_key)
         self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
                                         max_concurrency=max_concurrency, use_threads=True)
+        self._part_size = part_size
+        self._max_concurrency = max(1, max_concurrency)
 
     def _key(self, replica: str, rel: str) -> str:
         _check_name(replica, rel)
@@ -417,15 +423,69 @@ class S3Target:
 
     def put_file(self, local_path: str, replica: str, rel: str, size: int, offset: int,
                  on_chunk: Callable[[int], None]) -> int:
-        # An object appears only when its (multipart) upload completes, so there is
-        # no partial object to continue: ``offset`` is ignored and the file re-sent.
-        reader = _ThrottledReader(local_path, on_chunk)
-        try:
-            self._s3.upload_fileobj(reader, self._bucket, self._key(replica, rel),
-                                    ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Config=self._transfer)
-        finally:
-            reader.close()
-        return size
+        # An object appears only when its upload completes. A small file is one PUT;
+        # a large one a multipart upload that an interruption leaves open on the
+        # server, so the next call continues it: the parts already there (same size,
+        # ETag = MD5 of the same bytes here) are kept, the rest sent. ``offset``
+        # (a file target's notion) is not used.
+        key = self._key(replica, rel)
+        if size <= self._part_size:
+            reader = _ThrottledReader(local_path, on_chunk)
+            try:
+                self._s3.upload_fileobj(reader, self._bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256"},
+                                        Config=self._transfer)
+            finally:
+                reader.close()
+            return size
+        upload_id, done = self._open_upload(key)
+        count = (size + self._part_size - 1) // self._part_size
+
+        def part(number: int) -> tuple[dict[str, Any], int]:
+            start = (number - 1) * self._part_size
+            length = min(self._part_size, size - start)
+            with open(local_path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(length)
+            have = done.get(number)
+            if have is not None and have["Size"] == len(data) and (
+                    have["ETag"].strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()):
+                return {"PartNumber": number, "ETag": have["ETag"]}, 0
+            for i in range(0, len(data), _CHUNK):
+                on_chunk(min(_CHUNK, len(data) - i))
+            digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+            reply = self._s3.upload_part(Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                         Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)
+            return {"PartNumber": number, "ETag": reply["ETag"]}, len(data)
+
+        with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
+            results = list(pool.map(part, range(1, count + 1)))
+        self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
+                                           MultipartUpload={"Parts": [r[0] for r in results]})
+        return sum(r[1] for r in results)
+
+    def _open_upload(self, key: str) -> tuple[str, dict[int, dict[str, Any]]]:
+        """The newest unfinished multipart upload of ``key`` with its parts, else a new one;
+        older unfinished uploads of the key are aborted (they only cost storage)."""
+        listed = self._s3.list_multipart_uploads(Bucket=self._bucket, Prefix=key).get("Uploads", [])
+        uploads = [u for u in listed if u["Key"] == key]
+        uploads.sort(key=lambda u: u["Initiated"])
+        for stale in uploads[:-1]:
+            self._s3.abort_multipart_upload(Bucket=self._bucket, Key=key, UploadId=stale["UploadId"])
+        if not uploads:
+            created = self._s3.create_multipart_upload(Bucket=self._bucket, Key=key, ChecksumAlgorithm="SHA256")
+            return str(created["UploadId"]), {}
+        upload_id = str(uploads[-1]["UploadId"])
+        parts: dict[int, dict[str, Any]] = {}
+        marker = 0
+        for _ in range(10_000):  # S3 allows at most 10,000 parts
+            page = self._s3.list_parts(Bucket=self._bucket, Key=key, UploadId=upload_id,
+                                       PartNumberMarker=marker)
+            for p in page.get("Parts", []):
+                parts[int(p["PartNumber"])] = p
+            if not page.get("IsTruncated"):
+                break
+            marker = int(page["NextPartNumberMarker"])
+        return upload_id, parts
 
     def read_file(self, replica: str, rel: str) -> Iterator[bytes]:
         try:
