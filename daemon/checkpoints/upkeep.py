@@ -95,6 +95,9 @@ class CheckpointUpkeep:
                 self._run(run, throttle, budget)
             except B300Error as exc:
                 log.warning("checkpoints.upkeep_run_failed", run=run.id, error=str(exc))
+            except Exception as exc:  # a target failing mid-way (socket, SSH, botocore): next run
+                log.warning("checkpoints.upkeep_run_failed", run=run.id,
+                            error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _run(self, run: Run, throttle: Throttle, budget: list[int]) -> None:
         spec = parse_spec(run.spec_toml, where=f"run {run.id}")

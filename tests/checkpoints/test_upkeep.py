@@ -248,3 +248,32 @@ def test_config_errors_are_one_line(table: dict[str, Any], error: str) -> None:
     with pytest.raises(ConfigError, match=error) as info:
         parse_checkpoints_config(table, "b300.toml: [checkpoints]")
     assert "\n" not in str(info.value)
+
+
+def test_watch_pass_fingerprints_an_ended_run_and_verifies_unjudged_manifests(
+        tmp_path: Path, store: SqlStore) -> None:
+    """A run that ended still gets manifests (its last checkpoints must be copied); a
+    checkpoint whose manifest exists but whose verdict the store lacks (the daemon
+    stopped between the two) is verified against it, and a changed one fails."""
+    from b300.checkpoints.watch import CheckpointPass
+    from b300.model import RunState
+    from b300.slurm.cli import CliSlurmClient
+
+    ckpt = tmp_path / "ckpt"
+    for step in (1, 2, 3):
+        generic(ckpt, step, t=(NOW - timedelta(hours=4 - step)).timestamp())
+    ensure_manifest(str(ckpt / "step_1"), NOW)
+    ensure_manifest(str(ckpt / "step_2"), NOW)
+    (ckpt / "step_2" / "model.pt").write_bytes(os.urandom(512))  # same size, other bytes
+    os.utime(ckpt / "step_2" / "model.pt", (NOW.timestamp() - 7200,) * 2)
+    spec = (f'name = "up"\n[job]\ncommand = "true"\nnodes = 1\ngpus_per_node = 0\n'
+            f'[checkpoint]\ndir = {json.dumps(str(ckpt))}\nlayout = "generic"\ninterval = "1h"\n')
+    store.create_run(RUN, "up", spec, NOW)
+    store.set_run_state(RUN, RunState.COMPLETED, datetime.now(UTC))
+    cs = CheckpointStore(store)
+    # No Slurm call happens: an ended run is not checked against its schedule.
+    CheckpointPass(store, cs, CliSlurmClient(bin_dir=str(tmp_path / "none")), lambda: datetime.now(UTC),
+                   manifests_per_pass=10).run_once()
+    verdicts = {c.info.step: c.verified for c in cs.checkpoints(RUN)}
+    assert verdicts == {1: True, 2: False, 3: True}
+    assert "checkpoint.corrupt" in [e.kind for e in store.events(run_id=RUN)]
