@@ -22,7 +22,7 @@ from .checkpoints.cli import add_checkpoint_commands, run_checkpoint_command
 from .config import Config, config_path, load_config
 from .control import ask_daemon
 from .drift.cli import add_drift_commands, run_drift_command
-from .errors import B300Error, StoreError
+from .errors import B300Error, StoreError, one_line
 from .events_cli import add_events_command, run_events
 from .interfaces import Store
 from .nodes_cli import add_node_commands, run_nodes, run_notify
@@ -34,7 +34,7 @@ from .store import open_store
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        print(f"b300ctl: error: {message}", file=sys.stderr)
+        print(f"b300ctl: error: {one_line(message)}", file=sys.stderr)
         sys.exit(2)
 
 

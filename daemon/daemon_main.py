@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import structlog
 
 from .config import config_path, load_config
-from .errors import B300Error
+from .errors import B300Error, one_line
 from .lease import FileLease, Lease, PostgresLease
 from .logs import configure_logging
 from .permissions import check_not_writable_by_others
@@ -22,7 +22,7 @@ from .store import open_store
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"b300d: error: {message}", file=sys.stderr)
+        print(f"b300d: error: {one_line(message)}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -7,10 +7,21 @@ prints it and exits with the error's ``exit_code`` instead of a traceback.
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped (``\\n``,
+    ``\\x85``), so a name from outside can neither split a message nor forge a log line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 class B300Error(Exception):
     """Base of every error that ends in a one-line message."""
 
     exit_code = 1
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class UsageError(B300Error):

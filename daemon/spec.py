@@ -116,6 +116,8 @@ def load_spec_file(path: str | Path) -> tuple[JobSpec, str]:
         raw = p.read_bytes()
     except OSError as exc:
         raise SpecError(f"{where}: cannot read spec: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL byte in the path
+        raise SpecError(f"{where!r}: not a valid path") from None
     if len(raw) > MAX_SCRIPT_BYTES:
         raise SpecError(f"{where}: spec is larger than {MAX_SCRIPT_BYTES} bytes")
     try:

@@ -160,6 +160,7 @@ class SftpTarget:
         self._client.connect(host, port=port, username=username, key_filename=key_filename,
                              timeout=timeout, allow_agent=False, look_for_keys=False)
         self._remote_hash = remote_hash
+        self._timeout = timeout
         self._idle: list[Any] = []
         self._made: set[str] = set()  # remote directories known to exist
         self._lock = threading.Lock()
@@ -177,6 +178,9 @@ class SftpTarget:
                 raise ConnectionError(f"SSH connection of target {self.name} is closed")
             # A window of 2 MiB (paramiko's default) caps throughput on any real link.
             sftp = paramiko.SFTPClient.from_transport(transport, window_size=_SFTP_WINDOW)
+            # A server that stops answering mid-transfer raises after ``timeout`` s without
+            # progress instead of stalling the upkeep for good; the next pass resumes.
+            sftp.get_channel().settimeout(self._timeout)
         try:
             yield sftp
         except BaseException:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,3 +178,57 @@ def test_sftp_verifies_on_the_server_or_by_reading_back(
         assert verify_replica("step_5", t) == ("\"odd name $(x) ;'.pt\" differs on sftp",)
     finally:
         t.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_sftp_server_that_stops_answering_times_out(tmp_path: Path, sshd: SshServer) -> None:
+    """The server's session process is frozen (SIGSTOP) mid-use: the target raises after
+    its timeout instead of hanging the daemon's upkeep; a new connection works again."""
+    import signal
+
+    opts = {"host": "127.0.0.1", "port": sshd.port, "username": sshd.username,
+            "key_filename": sshd.key_filename, "known_hosts": sshd.known_hosts,
+            "path": str(sshd.base / "frozen"), "timeout": 2.0}
+    listener = int((Path(sshd.key_filename).parent / "sshd.pid").read_text())
+    before = set(_descendants(listener))
+    t = load_target("sftp", opts)
+    try:
+        assert t.stat_files("step_1") == {}
+        frozen = [p for p in _descendants(listener) if p not in before]
+        assert frozen, "no sshd session process found"
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises((TimeoutError, OSError, EOFError)):
+                t.stat_files("step_1")
+            assert time.monotonic() - started < 30
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+    finally:
+        with contextlib.suppress(Exception):
+            t.close()
+    again = load_target("sftp", opts)
+    try:
+        assert again.stat_files("step_1") == {}
+    finally:
+        again.close()

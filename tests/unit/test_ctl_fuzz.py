@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from b300.ctl import main
@@ -50,6 +50,8 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(_COMMANDS), rest=st.lists(_TOKENS, max_size=6))
+@example(command="submit", rest=["\x85"])  # found by this test: a line break inside a message
+@example(command="submit", rest=["\x00"])  # found by this test: a traceback from pathlib
 def test_any_command_line_ends_in_an_exit_code(config: Path, command: str, rest: list[str]) -> None:
     if any(t in ("-f", "-o") or t.startswith(("--fo", "--ou", "-f", "-o")) for t in rest):
         return  # argparse takes unique prefixes: --fo is --follow
