@@ -20,6 +20,15 @@ def _lines(stdout: str) -> list[str]:
     return [line.strip() for line in stdout.splitlines() if line.strip()]
 
 
+def _one_line(stdout: str, pattern: re.Pattern[str], error: str) -> re.Match[str]:
+    """The output's only non-blank line, matched whole by ``pattern``; ValueError(error) if not."""
+    lines = _lines(stdout)
+    m = pattern.fullmatch(lines[0]) if len(lines) == 1 else None
+    if m is None:
+        raise ValueError(error)
+    return m
+
+
 def _one_value(stdout: str, pattern: re.Pattern[str], what: str) -> str:
     """The single value every GPU reports (one line per GPU), checked against ``pattern``."""
     values = _lines(stdout)
@@ -162,11 +171,7 @@ class ImageProbe:
         return f"sha256sum -- {shlex.quote(image)}"
 
     def parse(self, stdout: str) -> str:
-        lines = _lines(stdout)
-        m = self._RE.fullmatch(lines[0]) if len(lines) == 1 else None
-        if m is None:
-            raise ValueError("not sha256sum output")
-        return f"sha256:{m.group(1)}"
+        return f"sha256:{_one_line(stdout, self._RE, 'not sha256sum output').group(1)}"
 
 
 class KernelProbe:
@@ -180,10 +185,7 @@ class KernelProbe:
         return "uname -r"
 
     def parse(self, stdout: str) -> str:
-        lines = _lines(stdout)
-        if len(lines) != 1 or not self._RE.fullmatch(lines[0]):
-            raise ValueError("not a kernel release")
-        return lines[0]
+        return _one_line(stdout, self._RE, "not a kernel release").group(0)
 
 
 class OfedProbe:
@@ -197,11 +199,7 @@ class OfedProbe:
         return "ofed_info -s"
 
     def parse(self, stdout: str) -> str:
-        lines = _lines(stdout)
-        m = self._RE.fullmatch(lines[0]) if len(lines) == 1 else None
-        if m is None:
-            raise ValueError("not an ofed_info -s line")
-        return m.group(1)
+        return _one_line(stdout, self._RE, "not an ofed_info -s line").group(1)
 
 
 class FabricManagerProbe:

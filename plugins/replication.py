@@ -518,14 +518,7 @@ class S3Target:
         self._s3.delete_object(Bucket=self._bucket, Key=self._key(replica, _RECORD))
 
     def list_replicas(self) -> list[str]:
-        names = []
-        paginator = self._s3.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self._bucket, Prefix=self._prefix, Delimiter="/"):
-            for p in page.get("CommonPrefixes", []):
-                replica = p["Prefix"][len(self._prefix):].rstrip("/")
-                if self.get_record(replica) is not None:
-                    names.append(replica)
-        return sorted(names)
+        return [n for n in self.list_all() if self.get_record(n) is not None]
 
     def list_all(self) -> list[str]:
         names = []

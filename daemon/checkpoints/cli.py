@@ -17,12 +17,14 @@ from typing import Any
 from ..config import Config
 from ..errors import B300Error, UsageError
 from ..interfaces import Store
-from ..model import CheckpointInfo, Run
+from ..model import Run
 from ..spec import parse_spec
-from ..validate import parse_duration
+from ..store.checkpoint_store import StoredCheckpoint, plan_state
+from .config import parse_span
 from .layouts import load_layout
 from .manifest import verify
 from .prune import prune_local
+from .resume import pending_resumes
 from .retention import CheckpointState, PrunePlan, RetentionPolicy, plan_prune
 
 
@@ -72,11 +74,7 @@ def _policy(args: argparse.Namespace, configured: RetentionPolicy) -> RetentionP
         raise UsageError("--keep-last must be at least 1")
 
     def span(value: str | None, flag: str, default: timedelta) -> timedelta:
-        if value is None:
-            return default
-        if value.strip() == "0":
-            return timedelta(0)
-        return timedelta(seconds=parse_duration(value, flag, "b300ctl", UsageError))
+        return default if value is None else parse_span(value.strip(), flag, "b300ctl", UsageError)
 
     return RetentionPolicy(
         keep_last=configured.keep_last if args.keep_last is None else args.keep_last,
@@ -95,13 +93,13 @@ def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, p
         return {"run": run.id, "dir": None, "checkpoints": [], "would_delete": []}
     found = load_layout(spec.checkpoint.layout).list_checkpoints(spec.checkpoint.dir)
     known = _known(store, run.id)
-    targets = sorted(set(targets) | {t for k in known.values() for t in k.get("replicas", {})})
-    pending = {a.resume_from for a in store.attempts(run.id) if not a.state.is_terminal and a.resume_from}
-    states = [_state(c, known.get(c.path, {})) for c in found]
+    targets = sorted(set(targets) | {t for k in known.values() for t in k.replicas})
+    pending = pending_resumes(store.attempts(run.id))
+    states = [plan_state(c, known.get(c.path)) for c in found]
     plan = plan_prune(states, policy, now, pending_resume=pending, replication_targets=targets)
     report: dict[str, Any] = {
         "run": run.id, "dir": spec.checkpoint.dir, "layout": spec.checkpoint.layout,
-        "checkpoints": [_row(s, known.get(s.info.path, {}), plan) for s in states],
+        "checkpoints": [_row(s, known.get(s.info.path), plan) for s in states],
         "would_delete": [c.path for c in plan.delete],
     }
     if prune:
@@ -113,18 +111,14 @@ def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, p
     return report
 
 
-def _known(store: Store, run_id: str) -> dict[str, dict[str, Any]]:
+def _known(store: Store, run_id: str) -> dict[str, StoredCheckpoint]:
     """What the store knows about the run's checkpoints (empty on a store without the tables)."""
     from ..store import SqlStore
     from ..store.checkpoint_store import CheckpointStore
 
     if not isinstance(store, SqlStore):
         return {}
-    return {
-        c.info.path: {"verified": c.verified, "marked": c.marked, "replicas": c.replicas,
-                      "replicas_pruned": sorted(c.replicas_pruned)}
-        for c in CheckpointStore(store).checkpoints(run_id)
-    }
+    return {c.info.path: c for c in CheckpointStore(store).checkpoints(run_id)}
 
 
 def _record_pruned(store: Store, run_id: str, paths: Sequence[str], now: datetime) -> None:
@@ -143,20 +137,14 @@ def _record_pruned(store: Store, run_id: str, paths: Sequence[str], now: datetim
                                           data={"paths": list(paths)})], now)
 
 
-def _state(info: CheckpointInfo, known: dict[str, Any]) -> CheckpointState:
-    reps = known.get("replicas", {})
-    return CheckpointState(info, verified=bool(known.get("verified")), marked=bool(known.get("marked")),
-                           replicated_to=frozenset(t for t, ok in reps.items() if ok))
-
-
-def _row(state: CheckpointState, known: dict[str, Any], plan: PrunePlan) -> dict[str, Any]:
+def _row(state: CheckpointState, known: StoredCheckpoint | None, plan: PrunePlan) -> dict[str, Any]:
     c = state.info
     return {
         "path": c.path, "step": c.step, "time": c.mtime.isoformat(), "size_bytes": c.size_bytes,
         "files": c.files, "complete": c.complete, "why_incomplete": c.why_incomplete,
-        "verified": known.get("verified"), "marked": state.marked,
+        "verified": None if known is None else known.verified, "marked": state.marked,
         "replicated_to": sorted(state.replicated_to),
-        "replicas_pruned": known.get("replicas_pruned", []),
+        "replicas_pruned": [] if known is None else sorted(known.replicas_pruned),
         "next_prune": "keep" if c.path in plan.keep else "delete",
         "kept_because": list(plan.keep.get(c.path, ())),
     }

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..permissions import check_secret_file
 from ..validate import get_bool, get_int, get_str, parse_duration, reject_unknown
 from .retention import RetentionPolicy
@@ -113,10 +113,11 @@ def parse_size_rate(value: Any, key: str, where: str) -> float | None:
     return rate
 
 
-def _span(value: Any, key: str, where: str) -> timedelta:
+def parse_span(value: Any, key: str, where: str, err: type[UsageError] = ConfigError) -> timedelta:
+    """A retention span: a duration, or 0 / ``"0"`` to turn the rule off."""
     if value in (0, "0"):
         return timedelta(0)
-    return timedelta(seconds=parse_duration(value, key, where, ConfigError))
+    return timedelta(seconds=parse_duration(value, key, where, err))
 
 
 def _target(raw: Any, i: int, where: str) -> TargetConfig:
@@ -180,8 +181,8 @@ def parse_checkpoints_config(table: Mapping[str, Any], where: str) -> Checkpoint
         prune_remote=get_bool(table, "prune_remote", where, ConfigError, default=True),
         retention=RetentionPolicy(
             keep_last=keep_last,
-            hourly_for=_span(table.get("keep_hourly_for", "24h"), "keep_hourly_for", where),
-            daily_for=_span(table.get("keep_daily_for", "7d"), "keep_daily_for", where)),
+            hourly_for=parse_span(table.get("keep_hourly_for", "24h"), "keep_hourly_for", where),
+            daily_for=parse_span(table.get("keep_daily_for", "7d"), "keep_daily_for", where)),
         replication_concurrency=get_int(table, "replication_concurrency", where, ConfigError,
                                         default=4, lo=1, hi=64) or 4,
         bandwidth_limit=parse_size_rate(table.get("bandwidth_limit", ""), "bandwidth_limit", where),

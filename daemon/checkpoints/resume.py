@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..model import CheckpointInfo
+from ..model import Attempt, CheckpointInfo
+
+
+def pending_resumes(attempts: Iterable[Attempt]) -> set[str]:
+    """Checkpoint paths that attempts not yet ended resume from (never to be pruned)."""
+    return {a.resume_from for a in attempts if not a.state.is_terminal and a.resume_from}
 
 
 def choose_resume(

@@ -40,13 +40,14 @@ from ..errors import B300Error
 from ..interfaces import NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
 from ..spec import parse_spec
-from ..store.checkpoint_store import CheckpointStore, StoredCheckpoint
+from ..store.checkpoint_store import CheckpointStore, plan_state
 from .config import CheckpointsConfig, TargetConfig
 from .layouts import load_layout
 from .manifest import read_manifest, verify
 from .prune import anchor_of, finish_interrupted_deletes, plan_remote_prune, prune_local, prune_remote
 from .replicate import Throttle, load_target, replica_name, replicate
-from .retention import CheckpointState, PrunePlan, plan_prune
+from .resume import pending_resumes
+from .retention import PrunePlan, plan_prune
 from .watch import runs_to_look_after
 
 log = structlog.get_logger(__name__)
@@ -97,7 +98,7 @@ class CheckpointUpkeep:
                 log.warning("checkpoints.upkeep_run_failed", run=run.id, error=str(exc))
             except Exception as exc:  # a target failing mid-way (socket, SSH, botocore): next run
                 log.warning("checkpoints.upkeep_run_failed", run=run.id,
-                            error=f"{type(exc).__name__}: {exc}"[:300])
+                            error=_describe(exc))
 
     def _run(self, run: Run, throttle: Throttle, budget: list[int]) -> None:
         spec = parse_spec(run.spec_toml, where=f"run {run.id}")
@@ -129,7 +130,7 @@ class CheckpointUpkeep:
         try:
             target = self._factory(t.kind, t.options_for(run_id))
         except Exception as exc:  # a plugin's connect may raise anything (socket, auth, botocore)
-            error = f"{type(exc).__name__}: {exc}"[:300]
+            error = _describe(exc)
             log.warning("checkpoints.target_unavailable", run=run_id, target=t.name, error=error)
             if key not in self._down:
                 self._down.add(key)
@@ -164,7 +165,7 @@ class CheckpointUpkeep:
                 result = replicate(ckpt, manifest, target, concurrency=self._cfg.replication_concurrency,
                                    throttle=throttle)
             except Exception as exc:  # network, permissions, the server going away mid-copy
-                error = f"{type(exc).__name__}: {exc}"[:300]
+                error = _describe(exc)
                 log.warning("checkpoints.replication_interrupted", run=run_id, target=name,
                             path=ckpt.path, error=error)
                 self._checkpoints.record_replica(run_id, ckpt.path, name, False, self._clock(), error=error)
@@ -184,12 +185,11 @@ class CheckpointUpkeep:
     # -- pruning ----------------------------------------------------------------
 
     def _pending(self, run_id: str) -> set[str]:
-        return {a.resume_from for a in self._store.attempts(run_id)
-                if not a.state.is_terminal and a.resume_from}
+        return pending_resumes(self._store.attempts(run_id))
 
     def _plan(self, run_id: str, found: list[CheckpointInfo], pending: set[str]) -> PrunePlan:
         known = {c.info.path: c for c in self._checkpoints.checkpoints(run_id)}
-        states = [_state(c, known.get(c.path)) for c in found]
+        states = [plan_state(c, known.get(c.path)) for c in found]
         return plan_prune(states, self._cfg.retention, self._clock(), pending_resume=pending,
                           replication_targets=[t.name for t in self._cfg.targets])
 
@@ -208,8 +208,8 @@ class CheckpointUpkeep:
             again = self._plan(run.id, found, self._pending(run.id))
             if anchor_of(again) != anchor:
                 return  # the picture changed; the next pass plans afresh
-            delete = tuple(c for c in again.delete
-                           if c.path in {d.path for d in plan.delete} and c.path not in missing)
+            planned = {c.path for c in plan.delete}
+            delete = tuple(c for c in again.delete if c.path in planned and c.path not in missing)
             if not delete:
                 return
             self._store.append_events([NewEvent("checkpoint.prune_started", run_id=run.id,
@@ -266,18 +266,16 @@ class CheckpointUpkeep:
         checkpoints that are gone from disk, nothing else that may sit on the target."""
         if not isinstance(target, ReplicaLister):
             return
-        gone = {replica_name(c.info) for c in self._checkpoints.checkpoints(run_id, include_deleted=True)
-                if c.deleted_at is not None}
-        on_disk = {replica_name(c.info) for c in self._checkpoints.checkpoints(run_id)}
+        rows = self._checkpoints.checkpoints(run_id, include_deleted=True)
+        gone = {replica_name(c.info) for c in rows if c.deleted_at is not None}
+        on_disk = {replica_name(c.info) for c in rows if c.deleted_at is None}
         leftovers = (set(target.list_all()) - set(target.list_replicas())) & (gone - on_disk)
         for replica in sorted(leftovers):
             target.delete_replica(replica)
             log.info("checkpoints.replica_leftover_removed", run=run_id, target=name, replica=replica)
 
 
-def _state(info: CheckpointInfo, stored: StoredCheckpoint | None) -> CheckpointState:
-    if stored is None:
-        return CheckpointState(info)
-    return CheckpointState(info, verified=stored.verified is True, marked=stored.marked,
-                           replicated_to=stored.replicated_to)
+def _describe(exc: Exception) -> str:
+    """An exception from a plugin or the network as one short log/event line."""
+    return f"{type(exc).__name__}: {exc}"[:300]
 

@@ -38,10 +38,16 @@ class StoredCheckpoint:
     def replicated_to(self) -> frozenset[str]:
         return frozenset(t for t, ok in self.replicas.items() if ok)
 
-    def state(self) -> CheckpointState:
-        """The record retention plans over."""
-        return CheckpointState(self.info, verified=bool(self.verified), marked=self.marked,
+    def state(self, info: CheckpointInfo | None = None) -> CheckpointState:
+        """The record retention plans over, for ``info`` (a fresh listing of this
+        checkpoint) when given, else for the stored one."""
+        return CheckpointState(info or self.info, verified=bool(self.verified), marked=self.marked,
                                replicated_to=self.replicated_to)
+
+
+def plan_state(info: CheckpointInfo, stored: StoredCheckpoint | None) -> CheckpointState:
+    """What retention plans over for a checkpoint just listed, with what the store knows of it."""
+    return CheckpointState(info) if stored is None else stored.state(info)
 
 
 class CheckpointStore:
@@ -112,10 +118,9 @@ class CheckpointStore:
         or ``checkpoint.replication_failed`` event."""
         with self._store._write() as session:
             row = _row(session, run_id, path)
-            rep = session.exec(select(CheckpointReplicaRow).where(
-                CheckpointReplicaRow.checkpoint_id == row.id, CheckpointReplicaRow.target == target)).first()
+            assert row.id is not None
+            rep = _replica_row(session, row.id, target)
             if rep is None:
-                assert row.id is not None
                 rep = CheckpointReplicaRow(checkpoint_id=row.id, target=target, ok=ok, updated_at=now)
             rep.ok, rep.bytes_sent, rep.error, rep.updated_at = ok, bytes_sent, error, now
             rep.pruned_at = None
@@ -133,11 +138,8 @@ class CheckpointStore:
             return
         with self._store._write() as session:
             for path in paths:
-                row = session.exec(select(CheckpointRow).where(
-                    CheckpointRow.run_id == run_id, CheckpointRow.path == path)).first()
-                rep = None if row is None else session.exec(select(CheckpointReplicaRow).where(
-                    CheckpointReplicaRow.checkpoint_id == row.id,
-                    CheckpointReplicaRow.target == target)).first()
+                row = _find_row(session, run_id, path)
+                rep = None if row is None or row.id is None else _replica_row(session, row.id, target)
                 if rep is not None:
                     rep.pruned_at, rep.updated_at = now, now
                     session.add(rep)
@@ -177,12 +179,21 @@ class CheckpointStore:
                     for r in rows]
 
 
-def _row(session: Session, run_id: str, path: str) -> CheckpointRow:
-    row = session.exec(select(CheckpointRow).where(
+def _find_row(session: Session, run_id: str, path: str) -> CheckpointRow | None:
+    return session.exec(select(CheckpointRow).where(
         CheckpointRow.run_id == run_id, CheckpointRow.path == path)).first()
+
+
+def _row(session: Session, run_id: str, path: str) -> CheckpointRow:
+    row = _find_row(session, run_id, path)
     if row is None:
         raise NotFoundError(f"checkpoint {path!r} of run '{run_id}' is not known")
     return row
+
+
+def _replica_row(session: Session, checkpoint_id: int, target: str) -> CheckpointReplicaRow | None:
+    return session.exec(select(CheckpointReplicaRow).where(
+        CheckpointReplicaRow.checkpoint_id == checkpoint_id, CheckpointReplicaRow.target == target)).first()
 
 
 def _to_record(row: CheckpointRow, replicas: dict[str, bool],
