@@ -98,10 +98,10 @@ class CheckpointsConfig:
 
 def parse_size_rate(value: Any, key: str, where: str) -> float | None:
     """Bytes per second from ``"200MB"``, ``"1.5GiB/s"`` or an integer; ``""`` or 0 = unlimited."""
+    if isinstance(value, bool):  # before the 0 test: False == 0 in Python
+        raise ConfigError(f"{where}: {key} must be a rate like '200MB' (per second), got {value!r}")
     if value in ("", 0):
         return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: {key} must be a rate like '200MB' (per second), got {value!r}")
     if isinstance(value, int | float):
         rate = float(value)
     elif isinstance(value, str) and (m := _SIZE.match(value)):
@@ -115,7 +115,7 @@ def parse_size_rate(value: Any, key: str, where: str) -> float | None:
 
 def parse_span(value: Any, key: str, where: str, err: type[UsageError] = ConfigError) -> timedelta:
     """A retention span: a duration, or 0 / ``"0"`` to turn the rule off."""
-    if value in (0, "0"):
+    if not isinstance(value, bool) and value in (0, "0"):  # False == 0 is a typo, not "off"
         return timedelta(0)
     return timedelta(seconds=parse_duration(value, key, where, err))
 

@@ -241,6 +241,8 @@ def test_config_targets_and_secrets(tmp_path: Path) -> None:
     ({"bandwidth_limit": "fast"}, "bandwidth_limit must be a rate"),
     ({"keep_last": 0}, "keep_last must be >= 1"),
     ({"prune": "yes"}, "prune must be true or false"),
+    ({"keep_hourly_for": False}, "keep_hourly_for must be a duration"),  # not "off": False == 0
+    ({"bandwidth_limit": False}, "bandwidth_limit must be a rate"),     # not "unlimited"
     ({"targets": [{"name": "a", "kind": "filesystem", "path": "/x/{run}", "Bad-Key": 1}]},
      "not a valid option"),
 ])
