@@ -15,16 +15,28 @@
 #   B300_MAX_JOB_COUNT slurm.conf MaxJobCount (default 30000)
 #   B300_DB_HOST/B300_DB_PORT/B300_DB_USER/B300_DB_PASS  MariaDB for slurmdbd
 #                      (default 127.0.0.1 / 3306 / root / empty)
+#   B300_CLUSTER_NAME  Slurm ClusterName (default b300local); its accounting database
+#                      is b300_slurm_acct for the default name, b300_acct_NAME otherwise
+#   B300_PORT_BASE     ports: slurmctld BASE+17, slurmdbd BASE+19, slurmd gpuNN BASE+100+NN
+#                      (default 16800). Two clusters on one machine need two DIRs, two
+#                      names and two port bases.
 # Changing a knob changes the generated config; the next `up` restarts the daemons.
 set -euo pipefail
 umask 022
 
 readonly PROG=localcluster
-readonly CLUSTER_NAME=b300local
-readonly CTLD_PORT=16817
-readonly DBD_PORT=16819
-readonly SLURMD_PORT_BASE=16901      # gpu01 -> 16901, gpu02 -> 16902, ...
-readonly DB_NAME=b300_slurm_acct
+CLUSTER_NAME=${B300_CLUSTER_NAME:-b300local}
+PORT_BASE=${B300_PORT_BASE:-16800}
+[[ $CLUSTER_NAME =~ ^[a-z][a-z0-9]{0,31}$ ]] || {
+  printf '%s: ERROR: B300_CLUSTER_NAME must be [a-z][a-z0-9]{0,31} (got %s)\n' "$PROG" "$CLUSTER_NAME" >&2; exit 1; }
+[[ $PORT_BASE =~ ^[0-9]{4,5}$ ]] && ((PORT_BASE >= 1024 && PORT_BASE <= 65000)) || {
+  printf '%s: ERROR: B300_PORT_BASE must be 1024..65000 (got %s)\n' "$PROG" "$PORT_BASE" >&2; exit 1; }
+readonly CLUSTER_NAME PORT_BASE
+readonly CTLD_PORT=$((PORT_BASE + 17))
+readonly DBD_PORT=$((PORT_BASE + 19))
+readonly SLURMD_PORT_BASE=$((PORT_BASE + 101))      # gpu01 -> BASE+101, gpu02 -> BASE+102, ...
+if [[ $CLUSTER_NAME == b300local ]]; then DB_NAME=b300_slurm_acct; else DB_NAME=b300_acct_$CLUSTER_NAME; fi
+readonly DB_NAME
 readonly SANE_PATH=/usr/sbin:/usr/bin:/sbin:/bin
 
 DIR=${B300_CLUSTER_DIR:-/var/tmp/b300-cluster}
