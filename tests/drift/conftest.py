@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import drift_nodes as dn
 import pytest
 from drift_nodes import Sim
 
-BASE_PORT = 22201
+# B300_SSHD_PORT_BASE lets two suites run side by side on one machine.
+BASE_PORT = int(os.environ.get("B300_SSHD_PORT_BASE", "22201"))
 
 
 @pytest.fixture(scope="session")
