@@ -1,0 +1,1 @@
+"""Recovery: classify how an attempt ended (``classify``) and act on it (``service``)."""
