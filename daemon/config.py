@@ -17,7 +17,8 @@
     admin_group = ""                     # members may change things through b300ctl
 
     [slurm]
-    backend = "auto"                     # auto | cli | pyslurm
+    backend = "cli"                      # cli | pyslurm | auto (pyslurm only when it is
+                                         # built for the controller's Slurm release)
     conf = ""                            # SLURM_CONF for the Slurm tools
     bin_dir = ""                         # where sbatch & co. live (default: PATH)
     command_timeout = "30s"
@@ -68,7 +69,7 @@ class Config:
     log_format: str = "auto"
     log_level: str = "info"
     admin_group: str = ""
-    slurm_backend: str = "auto"
+    slurm_backend: str = "cli"
     slurm_conf: str | None = None
     slurm_bin_dir: str | None = None
     slurm_timeout_s: float = 30.0
@@ -151,7 +152,7 @@ def load_config(path: str) -> Config:
     sw = f"{path}: [slurm]"
     reject_unknown(s, {"backend", "conf", "bin_dir", "command_timeout", "accounting_grace"}, sw,
                    ConfigError)
-    backend = get_str(s, "backend", sw, ConfigError, default="auto") or "auto"
+    backend = get_str(s, "backend", sw, ConfigError, default="cli") or "cli"
     if backend not in ("auto", "cli", "pyslurm"):
         raise ConfigError(f"{sw}: backend must be auto, cli or pyslurm, got {backend!r}")
     poll = parse_duration(d.get("poll_interval", 15), "poll_interval", dw, ConfigError)

@@ -22,6 +22,7 @@ class SlurmState(enum.StrEnum):
     COMPLETING = "COMPLETING"
     SUSPENDED = "SUSPENDED"
     REQUEUED = "REQUEUED"
+    EXPEDITING = "EXPEDITING"  # Slurm 25.11: requeued, to be started again first
     REQUEUE_HOLD = "REQUEUE_HOLD"
     REQUEUE_FED = "REQUEUE_FED"
     RESIZING = "RESIZING"

@@ -16,6 +16,7 @@ _ACTIVE_MAP = {
     SlurmState.PENDING: AttemptState.PENDING,
     SlurmState.CONFIGURING: AttemptState.PENDING,
     SlurmState.REQUEUED: AttemptState.PENDING,
+    SlurmState.EXPEDITING: AttemptState.PENDING,
     SlurmState.REQUEUE_HOLD: AttemptState.PENDING,
     SlurmState.REQUEUE_FED: AttemptState.PENDING,
     SlurmState.RESV_DEL_HOLD: AttemptState.PENDING,

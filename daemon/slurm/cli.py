@@ -24,7 +24,10 @@ from .parse import (
     SACCT_FIELDS,
     SINFO_FORMAT,
     SQUEUE_FORMAT,
+    check_node_name,
     fold_nodes,
+    is_transient,
+    normalise_reason,
     parse_sacct,
     parse_sbatch,
     parse_sinfo,
@@ -33,16 +36,6 @@ from .parse import (
 
 log = structlog.get_logger(__name__)
 
-# stderr phrases of Slurm tools that mean "try again later", not "refused".
-_TRANSIENT = re.compile(
-    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
-    r"Slurm backup controller in standby|Zero Bytes were transmitted|"
-    r"Unable to establish connection|slurmdbd: Connection|Problem talking to the database|"
-    r"Transport endpoint is not connected|Resource temporarily unavailable|"
-    r"Communication connection failure|Protocol authentication error|Munge",
-    re.IGNORECASE,
-)
-_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Job ids per command line: 5,000 ids of up to 12 digits stay far below ARG_MAX's
 # 128 KiB per-argument cap.
 _MAX_IDS_PER_CALL = 5000
@@ -72,6 +65,9 @@ class CliSlurmClient:
         base = dict(os.environ if env is None else env)
         if slurm_conf:
             base["SLURM_CONF"] = slurm_conf
+        # sbatch exports its environment into the job: the job gets the daemon's
+        # own, not the settings below, which are only for reading the tools' output.
+        self._job_env = dict(base)
         # Slurm tools print times in this format when told; keep it fixed.
         base["SLURM_TIME_FORMAT"] = "standard"
         base.setdefault("LC_ALL", "C")
@@ -86,7 +82,8 @@ class CliSlurmClient:
     def _tool(self, name: str) -> str:
         return str(Path(self._bin_dir) / name) if self._bin_dir else name
 
-    def _call(self, argv: Sequence[str], *, stdin: str | None = None, ok_codes: tuple[int, ...] = (0,)) -> str:
+    def _call(self, argv: Sequence[str], *, stdin: str | None = None, ok_codes: tuple[int, ...] = (0,),
+              env: Mapping[str, str] | None = None) -> str:
         tool = argv[0]
         self.calls[tool] = self.calls.get(tool, 0) + 1
         try:
@@ -96,7 +93,7 @@ class CliSlurmClient:
                 capture_output=True,
                 text=True,
                 timeout=self._timeout,
-                env=self._env,
+                env=self._env if env is None else env,
                 check=False,
                 stdin=None if stdin is not None else subprocess.DEVNULL,
             )
@@ -112,7 +109,7 @@ class CliSlurmClient:
             err = " ".join((proc.stderr or proc.stdout or "").split())[:300]
             raise SlurmError(
                 f"{tool} failed (exit {proc.returncode}): {err or 'no message'}",
-                transient=bool(_TRANSIENT.search(err)) or proc.returncode < 0,
+                transient=is_transient(err) or proc.returncode < 0,
             )
         return proc.stdout
 
@@ -134,7 +131,7 @@ class CliSlurmClient:
             argv.append(f"--exclude={fold_nodes(request.excluded_nodes)}")
         argv.append("--requeue" if request.requeue else "--no-requeue")
         # The script comes on stdin: nothing is written to a shared folder.
-        return parse_sbatch(self._call(argv, stdin=request.script))
+        return parse_sbatch(self._call(argv, stdin=request.script, env=self._job_env))
 
     def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
         if not job_ids:
@@ -203,14 +200,14 @@ class CliSlurmClient:
         return nodes
 
     def drain_node(self, node: str, reason: str) -> None:
-        self._call(["scontrol", "update", f"NodeName={_node(node)}", "State=DRAIN",
-                    f"Reason={_reason(reason)}"])
+        self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DRAIN",
+                    f"Reason={normalise_reason(reason)}"])
 
     def resume_node(self, node: str) -> None:
-        self._call(["scontrol", "update", f"NodeName={_node(node)}", "State=RESUME"])
+        self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=RESUME"])
 
     def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
-        names = [_node(n) for n in nodes]
+        names = [check_node_name(n) for n in nodes]
         self._call(["scontrol", "update", f"JobId={int(job_id)}",
                     f"ExcNodeList={fold_nodes(names)}"])
 
@@ -234,14 +231,3 @@ class CliSlurmClient:
             log.warning("slurm.trigger_refused", error=str(exc))
             return False
         return True
-
-
-def _node(node: str) -> str:
-    if not _NODE_NAME_RE.fullmatch(node):
-        raise SlurmError(f"bad node name {node!r}", transient=False)
-    return node
-
-
-def _reason(reason: str) -> str:
-    # Slurm keeps reasons on one line; keep them short enough for sinfo -R.
-    return " ".join(reason.split())[:200] or "b300"

@@ -25,6 +25,19 @@ SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Start,End,JobName,Reason"
 SINFO_FORMAT = "%N|%T|%E"
 
 _JOB_ID_RE = re.compile(r"\d{1,12}")
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Phrases of Slurm (its tools' stderr, libslurm's error strings, pyslurm's own
+# messages) that mean "try again later", not "refused".
+_TRANSIENT = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+    r"Slurm backup controller in standby|Zero Bytes were transmitted|"
+    r"Unable to establish connection|slurmdbd: Connection|Problem talking to the database|"
+    r"Transport endpoint is not connected|Resource temporarily unavailable|"
+    r"Communication connection failure|Protocol authentication error|Munge|"
+    r"Failed to (?:open \w+ to|get Jobs from) slurmdbd|Database connection is not open|"
+    r"Unable to connect to database|timed out",
+    re.IGNORECASE,
+)
 _EXIT_RE = re.compile(r"(\d{1,3}):(\d{1,3})")
 _NO_NODES = {"", "None assigned", "(null)", "None", "n/a"}
 _NO_TIME = {"", "Unknown", "None", "NONE", "N/A", "(null)", "0"}
@@ -37,6 +50,23 @@ def parse_sbatch(stdout: str) -> int:
         if _JOB_ID_RE.fullmatch(head):
             return int(head)
     raise SlurmError(f"sbatch printed no job id: {stdout.strip()[:200]!r}", transient=False)
+
+
+def is_transient(message: str) -> bool:
+    """Whether a Slurm error message means "unreachable or busy, try again"."""
+    return bool(_TRANSIENT.search(message))
+
+
+def check_node_name(node: str) -> str:
+    """``node`` itself when it is a plain node name; SlurmError (not transient) otherwise."""
+    if not _NODE_NAME_RE.fullmatch(node):
+        raise SlurmError(f"bad node name {node!r}", transient=False)
+    return node
+
+
+def normalise_reason(reason: str) -> str:
+    """A drain reason as Slurm keeps it: one line, short enough for ``sinfo -R``."""
+    return " ".join(reason.split())[:200] or "b300"
 
 
 def parse_state(raw: str) -> SlurmState:
@@ -182,7 +212,7 @@ def parse_sinfo(stdout: str) -> tuple[list[NodeObservation], list[str]]:
             bad.append(line)
             continue
         name, state, reason = (p.strip() for p in parts)
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or not state:
+        if not _NODE_NAME_RE.fullmatch(name) or not state:
             bad.append(line)
             continue
         flags = tuple(ch for ch in state if ch in "*~#!%$@^-")

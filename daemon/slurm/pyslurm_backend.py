@@ -6,27 +6,61 @@ pyslurm call releases the GIL either. So pyslurm never runs in the daemon's
 process: a child does each request and sends back plain dicts, and a child
 that dies or hangs costs one transient :class:`SlurmError`, not the daemon.
 
-pyslurm on PyPI builds only against Slurm 25.11, so this path cannot be run
-against the local test cluster (Slurm 22.05/24.11); its conversion functions
-are tested on plain data, and ``auto`` falls back to the command-line client
-whenever pyslurm does not import.
+Checked against pyslurm 25.11.2 (the Cython sources of its sdist; see
+``tests/unit/test_pyslurm_contract.py``). Every attribute, keyword and
+constant used below exists on the pyslurm class it is used on:
+
+- ``pyslurm.Job`` (pyslurm/core/job/job.pyx): ``id``, ``name``, ``state``,
+  ``state_reason``, ``allocated_nodes``, ``start_time``, ``end_time``,
+  ``requeue_count``, ``comment``, ``send_signal(signal, steps=)``,
+  ``cancel()``, ``modify(JobSubmitDescription)``.
+- ``pyslurm.db.Job`` (pyslurm/db/job.pyx): ``nodelist`` (not
+  ``allocated_nodes``), ``exit_code``, ``exit_code_signal``.
+- ``pyslurm.JobSubmitDescription`` (pyslurm/core/job/submission.pxd):
+  ``gres_per_node`` and ``partitions`` (there is no ``gpus_per_node`` or
+  ``partition``), ``ntasks``, ``environment``.
+- ``pyslurm.Node`` (pyslurm/core/node.pyx): ``state`` is
+  ``slurm_node_state_string_complete()``, e.g. ``IDLE+DRAIN``; it is turned
+  into sinfo's form (``DRAINED``) by :func:`node_state`.
+
+pyslurm on PyPI builds only against Slurm 25.11, so this path cannot run
+against the local test cluster (Slurm 22.05/24.11). ``auto`` picks it only
+when the controller runs the Slurm release pyslurm was built for.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Sequence
+import signal as _signal
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import structlog
+
 from ..errors import SlurmError
 from ..model import JobObservation, NodeObservation, SubmitRequest
-from .parse import expand_nodes, parse_state
+from .parse import check_node_name, expand_nodes, is_transient, normalise_reason, parse_state
+
+log = structlog.get_logger(__name__)
+
+# sacct's default start when job ids are named is "Epoch 0"; slurmdbd's default
+# for a filter without a start is today's midnight, so one is always given.
+_EARLIEST = int(datetime(2000, 1, 1, tzinfo=UTC).timestamp())
+# Settings the cli backend gives its tools; never part of a job's environment.
+_TOOL_ONLY_ENV = ("SLURM_TIME_FORMAT",)
+
+
+def release(version: str) -> str:
+    """``25.11.2`` -> ``25.11``: a Slurm release (pyslurm's version starts with the one it is built for)."""
+    return ".".join(version.strip().split(".")[:2])
 
 
 def pyslurm_available(slurm_conf: str | None = None, timeout: float = 20.0) -> str | None:
-    """``None`` when pyslurm imports in a child process, else why not (one line)."""
+    """``None`` when pyslurm imports in a child process and was built for the
+    Slurm release the controller runs, else why not (one line)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_probe, args=(child, slurm_conf), daemon=True)
@@ -48,14 +82,26 @@ def _probe(conn: Any, slurm_conf: str | None) -> None:
     if slurm_conf:
         os.environ["SLURM_CONF"] = slurm_conf
     try:
-        import pyslurm  # noqa: F401
+        import pyslurm
     except Exception as exc:
         conn.send((False, f"pyslurm does not import: {exc}".splitlines()[0]))
         return
-    conn.send((True, ""))
+    conn.send(_release_check(pyslurm))
 
 
-def _worker(conn: Any, slurm_conf: str | None) -> None:  # pragma: no cover - needs Slurm 25.11
+def _release_check(ps: Any) -> tuple[bool, str]:
+    """(True, "") when pyslurm's release is the controller's; else (False, why)."""
+    built = release(str(ps.__version__))
+    try:
+        running = str(ps.slurmctld.Config.load().version or "")
+    except Exception as exc:
+        return False, f"the Slurm controller's version could not be read: {exc}".splitlines()[0]
+    if release(running) != built:
+        return False, f"pyslurm {ps.__version__} is built for Slurm {built}, the controller runs {running}"
+    return True, ""
+
+
+def _worker(conn: Any, slurm_conf: str | None) -> None:
     if slurm_conf:
         os.environ["SLURM_CONF"] = slurm_conf
     import pyslurm
@@ -71,38 +117,52 @@ def _worker(conn: Any, slurm_conf: str | None) -> None:  # pragma: no cover - ne
             conn.send((False, f"{type(exc).__name__}: {exc}"))
 
 
-def _job_dict(job: Any) -> dict[str, Any]:  # pragma: no cover - needs Slurm 25.11
+def _live_job_dict(job: Any) -> dict[str, Any]:
+    """A ``pyslurm.Job`` (pyslurm/core/job/job.pyx) as plain data."""
     return {
         "job_id": job.id, "state": job.state, "name": job.name or "",
         "nodes": job.allocated_nodes or "", "reason": job.state_reason or "",
-        "exit_code": getattr(job, "exit_code", None), "signal": getattr(job, "exit_code_signal", None),
-        "start": job.start_time, "end": job.end_time, "restarts": getattr(job, "requeue_count", 0) or 0,
+        "start": job.start_time, "end": job.end_time, "restarts": job.requeue_count or 0,
         "comment": job.comment or "",
     }
 
 
-def _op_submit(ps: Any, req: dict[str, Any]) -> int:  # pragma: no cover - needs Slurm 25.11
-    desc = ps.JobSubmitDescription(**{k: v for k, v in req.items() if v not in (None, "", [])})
-    return int(desc.submit())
+def _db_job_dict(job: Any) -> dict[str, Any]:
+    """A ``pyslurm.db.Job`` (pyslurm/db/job.pyx) as plain data.
+
+    Its ``comment`` is the derived exit string, not the job's comment (sacct
+    is not asked for either), so it is left out.
+    """
+    return {
+        "job_id": job.id, "state": job.state, "name": job.name or "",
+        "nodes": job.nodelist or "", "reason": job.state_reason or "",
+        "exit_code": job.exit_code, "signal": job.exit_code_signal,
+        "start": job.start_time, "end": job.end_time, "restarts": job.requeue_count or 0,
+    }
 
 
-def _op_jobs(ps: Any, ids: list[int]) -> list[dict[str, Any]]:  # pragma: no cover
+def _op_submit(ps: Any, desc: dict[str, Any]) -> int:
+    return int(ps.JobSubmitDescription(**desc).submit())
+
+
+def _op_jobs(ps: Any, ids: list[int]) -> list[dict[str, Any]]:
     wanted = set(ids)
-    return [_job_dict(j) for j in ps.Jobs.load().values() if j.id in wanted]
+    return [_live_job_dict(j) for j in ps.Jobs.load().values() if j.id in wanted]
 
 
-def _op_accounting(ps: Any, ids: list[int]) -> list[dict[str, Any]]:  # pragma: no cover
-    jobs = ps.db.Jobs.load(ps.db.JobFilter(ids=ids))
-    return [_job_dict(j) for j in jobs.values()]
+def _op_accounting(ps: Any, ids: list[int]) -> list[dict[str, Any]]:
+    jobs = ps.db.Jobs.load(ps.db.JobFilter(ids=ids, start_time=_EARLIEST))
+    return [_db_job_dict(j) for j in jobs.values()]
 
 
-def _op_by_name(ps: Any, name: str) -> list[dict[str, Any]]:  # pragma: no cover
-    live = [_job_dict(j) for j in ps.Jobs.load().values() if j.name == name]
-    acct = [_job_dict(j) for j in ps.db.Jobs.load(ps.db.JobFilter(names=[name])).values()]
-    return live + acct
+def _op_by_name(ps: Any, name: str, since: int) -> list[dict[str, Any]]:
+    live = [_live_job_dict(j) for j in ps.Jobs.load().values() if j.name == name]
+    acct = [_db_job_dict(j)
+            for j in ps.db.Jobs.load(ps.db.JobFilter(names=[name], start_time=since)).values()]
+    return live + [dict(row, source="sacct") for row in acct]
 
 
-def _op_cancel(ps: Any, job_id: int, signal: str | None, batch: bool) -> None:  # pragma: no cover
+def _op_cancel(ps: Any, job_id: int, signal: str | None, batch: bool) -> None:
     job = ps.Job(job_id)
     if signal:
         job.send_signal(signal, steps="batch" if batch else "children")
@@ -110,16 +170,17 @@ def _op_cancel(ps: Any, job_id: int, signal: str | None, batch: bool) -> None:  
         job.cancel()
 
 
-def _op_nodes(ps: Any) -> list[dict[str, Any]]:  # pragma: no cover
-    return [{"name": n.name, "state": n.state, "reason": n.reason or ""}
+def _op_nodes(ps: Any) -> list[dict[str, Any]]:
+    return [{"name": n.name, "state": n.state or "", "reason": n.reason or ""}
             for n in ps.Nodes.load().values()]
 
 
-def _op_node_state(ps: Any, node: str, state: str, reason: str) -> None:  # pragma: no cover
-    ps.Node(node).modify(ps.Node(state=state, reason=reason or None))
+def _op_node_state(ps: Any, node: str, state: str, reason: str) -> None:
+    changes = ps.Node(state=state, reason=reason) if reason else ps.Node(state=state)
+    ps.Node(node).modify(changes)
 
 
-def _op_exclude(ps: Any, job_id: int, nodes: list[str]) -> None:  # pragma: no cover
+def _op_exclude(ps: Any, job_id: int, nodes: list[str]) -> None:
     ps.Job(job_id).modify(ps.JobSubmitDescription(excluded_nodes=nodes))
 
 
@@ -131,15 +192,21 @@ _OPS: dict[str, Callable[..., Any]] = {
 }
 
 
-def observation_from_dict(d: dict[str, Any], source: str) -> JobObservation:
-    """A pyslurm job record (as plain data) into an observation; pure."""
+def observation_from_dict(d: Mapping[str, Any], source: str) -> JobObservation:
+    """A pyslurm job record (as plain data) into an observation; pure.
+
+    Raises ValueError for a state or node list it cannot read (the caller
+    skips that row, as the cli backend skips such a line).
+    """
 
     def ts(v: Any) -> datetime | None:
         return datetime.fromtimestamp(int(v), UTC) if v else None
 
+    reason = str(d.get("reason") or "").strip()
     return JobObservation(
         job_id=int(d["job_id"]), state=parse_state(str(d["state"])), name=str(d.get("name") or ""),
-        nodes=expand_nodes(str(d.get("nodes") or "")), reason=str(d.get("reason") or ""),
+        nodes=expand_nodes(str(d.get("nodes") or "")),
+        reason="" if reason == "None" else reason,
         exit_code=d.get("exit_code") if source == "sacct" else None,
         signal=d.get("signal") if source == "sacct" else None,
         start=ts(d.get("start")), end=ts(d.get("end")), restarts=int(d.get("restarts") or 0),
@@ -147,29 +214,109 @@ def observation_from_dict(d: dict[str, Any], source: str) -> JobObservation:
     )
 
 
-def submit_description(request: SubmitRequest) -> dict[str, Any]:
-    """The keyword arguments of ``pyslurm.JobSubmitDescription`` for a request; pure."""
-    return {
+# Flags of slurm_node_state_string_complete() and the sinfo suffix each stands for.
+_NODE_FLAG_SUFFIX = {
+    "NOT_RESPONDING": "*", "POWERED_DOWN": "~", "POWERING_UP": "#", "POWERING_DOWN": "%",
+    "POWER_DOWN": "!", "REBOOT_REQUESTED": "@", "REBOOT_ISSUED": "^", "PLANNED": "-",
+    "MAINTENANCE": "$",
+}
+
+
+def node_state(raw: str) -> tuple[str, tuple[str, ...]]:
+    """pyslurm's ``Node.state`` (``IDLE+DRAIN``) as sinfo's ``%T`` reports it: (``DRAINED``, flags).
+
+    Follows Slurm's node_state_string(): DRAIN on a node with jobs (ALLOCATED,
+    MIXED, or COMPLETING) is DRAINING, else DRAINED; FAIL likewise FAILING or
+    FAIL; COMPLETING otherwise shows as COMPLETING. NOT_RESPONDING and the
+    power and reboot flags become sinfo's suffixes (``*``, ``~``, ...).
+    """
+    parts = [p for p in raw.strip().upper().split("+") if p]
+    if not parts:
+        return "UNKNOWN", ()
+    base, flags = parts[0], set(parts[1:])
+    busy = base in ("ALLOCATED", "MIXED") or "COMPLETING" in flags
+    if "DRAIN" in flags:
+        state = "DRAINING" if busy else "DRAINED"
+    elif "FAIL" in flags:
+        state = "FAILING" if busy else "FAIL"
+    elif "COMPLETING" in flags and base in ("IDLE", "ALLOCATED"):
+        state = "COMPLETING"
+    else:
+        state = base
+    suffixes = tuple(_NODE_FLAG_SUFFIX[f] for f in sorted(flags) if f in _NODE_FLAG_SUFFIX)
+    return state, suffixes
+
+
+def signal_name(signal: str) -> str:
+    """``USR1``, ``SIGUSR1`` or ``10`` -> ``SIGUSR1``, the form pyslurm accepts."""
+    text = signal.strip().upper()
+    if text.isdigit():
+        try:
+            return _signal.Signals(int(text)).name
+        except ValueError:
+            pass
+    else:
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        if name in _signal.Signals.__members__:
+            return name
+    raise SlurmError(f"bad signal name {signal!r}", transient=False)
+
+
+def job_environment(base: Mapping[str, str], *, submit_dir: str, submit_host: str,
+                    nice: int) -> dict[str, str]:
+    """The environment sbatch would give a job submitted from ``base``; pure.
+
+    sbatch exports its whole environment and adds SLURM_SUBMIT_DIR (its
+    working directory), SLURM_SUBMIT_HOST and SLURM_PRIO_PROCESS; pyslurm
+    sends only what it is given (an empty environment fails the submission).
+    """
+    env = {k: v for k, v in base.items() if k not in _TOOL_ONLY_ENV}
+    env["SLURM_SUBMIT_DIR"] = submit_dir
+    env["SLURM_SUBMIT_HOST"] = submit_host
+    env.setdefault("SLURM_PRIO_PROCESS", str(nice))
+    return env
+
+
+def submit_description(request: SubmitRequest, environment: Mapping[str, str]) -> dict[str, Any]:
+    """The keyword arguments of ``pyslurm.JobSubmitDescription`` for a request; pure.
+
+    Unset values are left out (pyslurm then applies its defaults, which are
+    sbatch's). ``ntasks`` is always given: pyslurm's default is 1, sbatch's
+    is one per node (or ``ntasks_per_node`` per node).
+    """
+    desc: dict[str, Any] = {
         "name": request.job_name, "comment": request.comment, "script": request.script,
-        "nodes": request.nodes, "gpus_per_node": request.gpus_per_node or None,
-        "ntasks_per_node": request.ntasks_per_node, "partition": request.partition,
-        "time_limit": request.time_limit, "account": request.account, "qos": request.qos,
+        "nodes": request.nodes,
+        "ntasks": request.nodes * (request.ntasks_per_node or 1),
+        "ntasks_per_node": request.ntasks_per_node,
+        "gres_per_node": {"gpu": request.gpus_per_node} if request.gpus_per_node else None,
+        "partitions": request.partition, "time_limit": request.time_limit,
+        "account": request.account, "qos": request.qos,
         "standard_output": request.output, "working_directory": request.workdir,
-        "excluded_nodes": list(request.excluded_nodes), "is_requeueable": request.requeue,
+        "excluded_nodes": [check_node_name(n) for n in request.excluded_nodes] or None,
+        "is_requeueable": request.requeue, "environment": dict(environment),
     }
+    return {k: v for k, v in desc.items() if v is not None and v != ""}
 
 
 class PyslurmClient:
-    """:class:`b300.interfaces.SlurmClient` over pyslurm in an isolated worker."""
+    """:class:`b300.interfaces.SlurmClient` over pyslurm in an isolated worker.
+
+    ``fallback`` does what pyslurm cannot express: clearing a job's excluded
+    node list (pyslurm turns an empty list into NULL, which slurmctld reads as
+    "no change"; pyslurm/utils/cstr.pyx ``fmalloc``), and the node-down trigger.
+    """
 
     name = "pyslurm"
 
-    def __init__(self, *, slurm_conf: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, *, slurm_conf: str | None = None, timeout: float = 30.0,
+                 fallback: Any = None) -> None:
         self._conf = slurm_conf
         self._timeout = timeout
         self._ctx = mp.get_context("spawn")
         self._proc: Any = None
         self._conn: Any = None
+        self._fallback = fallback
         self.calls: dict[str, int] = {}
 
     def _request(self, op: str, *args: Any) -> Any:
@@ -189,8 +336,7 @@ class PyslurmClient:
             self._restart()
             raise SlurmError(f"pyslurm worker died during {op}") from None
         if not ok:
-            transient = "contact" in value.lower() or "timed out" in value.lower()
-            raise SlurmError(f"pyslurm {op} failed: {value}", transient=transient)
+            raise SlurmError(f"pyslurm {op} failed: {value}", transient=is_transient(value))
         return value
 
     def _restart(self) -> None:
@@ -202,40 +348,72 @@ class PyslurmClient:
     def close(self) -> None:
         self._restart()
 
+    def _observations(self, rows: Sequence[Mapping[str, Any]], source: str,
+                      op: str) -> list[JobObservation]:
+        out: list[JobObservation] = []
+        bad: list[str] = []
+        for row in rows:
+            try:
+                out.append(observation_from_dict(row, str(row.get("source") or source)))
+            except (ValueError, KeyError, TypeError):
+                bad.append(repr(dict(row)))
+        if bad:
+            log.warning("slurm.unparsed_lines", tool=f"pyslurm {op}", count=len(bad),
+                        first=bad[0][:200])
+        return out
+
     def submit(self, request: SubmitRequest) -> int:
-        return int(self._request("submit", submit_description(request)))
+        env = job_environment(os.environ, submit_dir=os.getcwd(),
+                              submit_host=socket.gethostname(), nice=os.getpriority(os.PRIO_PROCESS, 0))
+        if self._conf:
+            env["SLURM_CONF"] = self._conf
+        return int(self._request("submit", submit_description(request, env)))
 
     def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
-        rows = self._request("jobs", list(job_ids)) if job_ids else []
-        return {o.job_id: o for o in (observation_from_dict(r, "squeue") for r in rows)}
+        rows = self._request("jobs", [int(j) for j in job_ids]) if job_ids else []
+        return {o.job_id: o for o in self._observations(rows, "squeue", "jobs")}
 
     def accounting(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
-        rows = self._request("accounting", list(job_ids)) if job_ids else []
-        return {o.job_id: o for o in (observation_from_dict(r, "sacct") for r in rows)}
+        ids = sorted({int(j) for j in job_ids})
+        rows = self._request("accounting", ids) if ids else []
+        return {o.job_id: o for o in self._observations(rows, "sacct", "accounting")}
 
     def find_by_name(self, job_name: str, since: datetime | None = None) -> list[JobObservation]:
+        start = int(since.timestamp()) if since else _EARLIEST
         found: dict[int, JobObservation] = {}
-        for row in self._request("by_name", job_name):
-            obs = observation_from_dict(row, "squeue")
+        for obs in self._observations(self._request("by_name", job_name, start), "squeue", "by_name"):
             found.setdefault(obs.job_id, obs)
-        return sorted(found.values(), key=lambda o: o.job_id)
+        return [o for o in sorted(found.values(), key=lambda o: o.job_id) if o.name == job_name]
 
     def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
-        self._request("cancel", int(job_id), signal, batch_only)
+        self._request("cancel", int(job_id), signal_name(signal) if signal else None, batch_only)
 
     def nodes(self) -> list[NodeObservation]:
-        return [NodeObservation(name=r["name"], state=str(r["state"]).upper(), reason=r["reason"])
-                for r in self._request("nodes")]
+        seen: dict[str, NodeObservation] = {}
+        for r in self._request("nodes"):
+            state, flags = node_state(str(r["state"]))
+            reason = str(r["reason"] or "").strip()
+            seen.setdefault(r["name"], NodeObservation(
+                name=r["name"], state=state, reason="" if reason == "None" else reason, flags=flags))
+        return [seen[n] for n in sorted(seen)]
 
     def drain_node(self, node: str, reason: str) -> None:
-        self._request("node_state", node, "DRAIN", reason)
+        self._request("node_state", check_node_name(node), "DRAIN", normalise_reason(reason))
 
     def resume_node(self, node: str) -> None:
-        self._request("node_state", node, "RESUME", "")
+        self._request("node_state", check_node_name(node), "RESUME", "")
 
     def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
-        self._request("exclude", int(job_id), list(nodes))
+        names = [check_node_name(n) for n in nodes]
+        if names:
+            self._request("exclude", int(job_id), names)
+        elif self._fallback is not None:
+            self._fallback.exclude_nodes(job_id, [])
+        else:
+            raise SlurmError("pyslurm cannot clear an excluded node list", transient=False)
 
     def ensure_node_down_trigger(self, program: str) -> bool:
-        # pyslurm has no trigger API; the poll cycle remains the safety net.
+        # pyslurm has no trigger API; the command-line tools have.
+        if self._fallback is not None:
+            return bool(self._fallback.ensure_node_down_trigger(program))
         return False

@@ -23,7 +23,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert cfg.database_url == "sqlite:////srv/b300/state.db"
     assert cfg.socket == "/srv/b300/b300d.sock"
     assert cfg.job_log_dir == "/srv/b300/job-logs"
-    assert cfg.poll_interval_s == 15 and cfg.slurm_backend == "auto"
+    assert cfg.poll_interval_s == 15 and cfg.slurm_backend == "cli"
 
 
 def test_durations_and_backend(tmp_path: Path) -> None:
