@@ -134,3 +134,21 @@ def test_a_member_pyslurm_lacks_is_refused_by_the_stand_in(client: PyslurmClient
         standin.module.JobSubmitDescription(gpus_per_node=8)
     with pytest.raises(ValueError, match="Invalid Signal: USR1"):
         standin.module.Job(7).send_signal("USR1")
+
+
+@pytest.mark.parametrize(("controller", "chosen"), [("25.11.7", "pyslurm"), ("24.11.1", "cli")])
+def test_auto_takes_pyslurm_only_for_its_own_release_and_logs_it(
+        boundary: Boundary, controller: str, chosen: str) -> None:
+    from structlog.testing import capture_logs
+
+    from b300.slurm import make_slurm_client
+
+    boundary.set(config={"version": controller})
+    with capture_logs() as logs:
+        client = make_slurm_client("auto", slurm_conf=None, bin_dir=None, timeout=30)
+    assert client.name == chosen
+    [entry] = [e for e in logs if e["event"] == "slurm.backend"]
+    assert entry["backend"] == chosen and entry["configured"] == "auto"
+    if chosen == "cli":
+        assert "built for Slurm 25.11, the controller runs 24.11.1" in entry["why"]
+    assert make_slurm_client("cli", slurm_conf=None, bin_dir=None, timeout=30).name == "cli"
