@@ -65,7 +65,8 @@ def record_job(conf: str, job_id: int) -> dict[str, Any]:
     """A live job as a recorded ``pyslurm.Job``."""
     f = _fields(slurm_cmd(conf, "scontrol", "show", "job", "-o", str(job_id)))
     return {"id": int(f["JobId"]), "name": f["JobName"], "state": f["JobState"],
-            "state_reason": f["Reason"], "allocated_nodes": None if f["NodeList"] == "(null)" else f["NodeList"],
+            "state_reason": f["Reason"],
+            "allocated_nodes": None if f["NodeList"] == "(null)" else f["NodeList"],
             "start_time": _epoch(f["StartTime"]), "end_time": _epoch(f["EndTime"]),
             "requeue_count": int(f["Restarts"]), "comment": f.get("Comment", "")}
 

@@ -14,6 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+from b300.errors import SlurmError
+from b300.model import SlurmState, SubmitRequest
+from b300.slurm.pyslurm_backend import PyslurmClient, _release_check
 from pyslurm_standin import (
     CLASSES,
     EXPORTS,
@@ -25,10 +29,6 @@ from pyslurm_standin import (
     read_sources,
     version,
 )
-
-from b300.errors import SlurmError
-from b300.model import SlurmState, SubmitRequest
-from b300.slurm.pyslurm_backend import PyslurmClient, _release_check
 
 T0 = 1_764_000_000
 
