@@ -143,6 +143,7 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     try:
         if args.run:
             return _status_one(store, args.run, args.json)
+        note = _accounting_note(store)
         runs = store.list_runs()
         if not args.all:
             runs = [r for r in runs if not r.state.is_terminal] or runs[:20]
@@ -163,10 +164,26 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
                       str(cur.get("job_id") or "-"), _nodes(cur.get("nodes") or []),
                       r["updated_at"][:19].replace("T", " ")])
     print_table(table)
+    if note:
+        print(f"\n{note}")
     return 0
 
 
+def _accounting_note(store: Store) -> str | None:
+    """One line when the daemon's last word on Slurm accounting is that it is down."""
+    from .tracker import ACCOUNTING_DOWN, ACCOUNTING_UP
+
+    last = store.events(kinds=[ACCOUNTING_DOWN, ACCOUNTING_UP])[-1:]
+    if not last or last[0].kind != ACCOUNTING_DOWN:
+        return None
+    error = str(last[0].data.get("error") or "")
+    return (f"note: Slurm accounting (sacct/slurmdbd) has not answered since "
+            f"{last[0].ts:%Y-%m-%d %H:%M:%S}Z ({error}); a job that ends meanwhile gets its exit "
+            f"code once it answers, or none after [slurm] accounting_grace")
+
+
 def _status_one(store: Store, run_id: str, as_json: bool) -> int:
+    note = _accounting_note(store)
     run = store.get_run(run_id)
     attempts = [attempt_to_dict(a) for a in store.attempts(run_id)]
     events: list[dict[str, Any]] = [
@@ -192,6 +209,8 @@ def _status_one(store: Store, run_id: str, as_json: bool) -> int:
     for e in [e for e in events if e["kind"] != "attempt.progress"][-50:]:
         detail = " ".join(f"{k}={v}" for k, v in e["data"].items() if v not in (None, "", []))
         print(f"  {e['ts'][:19].replace('T', ' ')}  {e['kind']:<24} {e['actor']:<8} {detail}")
+    if note:
+        print(f"\n{note}")
     return 0
 
 

@@ -39,6 +39,8 @@ class MetricsSnapshot:
     drift_findings_open: int | None = None
     checkpoint_age_s: dict[str, float] = field(default_factory=dict)
     replication_lag_s: dict[str, float] = field(default_factory=dict)
+    accounting_up: bool = True
+    accounting_failures_total: int = 0
 
 
 def _label(value: str) -> str:
@@ -70,6 +72,10 @@ def render_metrics(m: MetricsSnapshot) -> str:
     metric("b300_replication_lag_seconds", "gauge",
            "age of the oldest checkpoint not yet on every replica target (0: all replicated)",
            [(f'{{run="{_label(r)}"}}', round(v, 3)) for r, v in sorted(m.replication_lag_s.items())])
+    metric("b300_accounting_up", "gauge",
+           "1 if Slurm accounting (sacct/slurmdbd) answered when last asked", [("", int(m.accounting_up))])
+    metric("b300_accounting_failures_total", "counter",
+           "poll cycles whose accounting query (sacct) failed", [("", m.accounting_failures_total)])
     c = m.cycle
     metric("b300_cycles_total", "counter", "poll cycles run", [("", c.cycles_total)])
     metric("b300_cycle_failures_total", "counter", "poll cycles that failed", [("", c.failures_total)])

@@ -7,6 +7,7 @@ poll cycle: their failures are logged.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING
 
@@ -75,7 +76,9 @@ class Operations:
 
     def snapshot(self) -> MetricsSnapshot:
         d = self._daemon
-        return collect_metrics(d.store, d.health.snapshot(), d.clock())
+        acc = d.tracker.accounting
+        return dataclasses.replace(collect_metrics(d.store, d.health.snapshot(), d.clock()),
+                                   accounting_up=acc.up, accounting_failures_total=acc.failures_total)
 
     def scan_alerts(self) -> None:
         try:

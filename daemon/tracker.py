@@ -25,6 +25,21 @@ log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
 
 
+#: Event kinds that open and close an accounting outage (one pair per outage).
+ACCOUNTING_DOWN = "accounting.unavailable"
+ACCOUNTING_UP = "accounting.restored"
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingHealth:
+    """Whether Slurm accounting (sacct/slurmdbd) answered when last asked."""
+
+    up: bool = True
+    failures_total: int = 0
+    down_since: datetime | None = None
+    error: str = ""
+
+
 @dataclass(slots=True)
 class CycleReport:
     """What one poll cycle did; the benchmarks and ``--once`` print it."""
@@ -60,6 +75,8 @@ class JobTracker:
         self._track_nodes = track_nodes
         # attempt id -> when the controller first said it ended without sacct knowing it
         self._terminal_since: dict[int, datetime] = {}
+        self._accounting = AccountingHealth()
+        self._accounting_seen = False  # whether accounting was asked since this daemon started
 
     def poll_once(self) -> CycleReport:
         """One cycle. Raises SlurmError if the controller could not be asked at all."""
@@ -91,6 +108,9 @@ class JobTracker:
                 except SlurmError as exc:
                     # slurmdbd down: what it would have said stays unknown this cycle.
                     report.errors.append(f"sacct: {exc}")
+                    self._accounting_failed(exc)
+                else:
+                    self._accounting_answered()
             now = self._clock()
             for job_id, attempt in tracked.items():
                 if self._apply(attempt, live.get(job_id), accounted.get(job_id), now):
@@ -105,6 +125,46 @@ class JobTracker:
         report.cpu_s = time.process_time() - cpu0
         report.wall_s = time.monotonic() - wall0
         return report
+
+    @property
+    def accounting(self) -> AccountingHealth:
+        return self._accounting
+
+    def _accounting_failed(self, exc: SlurmError) -> None:
+        """Count the failure; warn (log and event) once per outage, not once per cycle."""
+        acc = self._accounting
+        self._accounting_seen = True
+        error = " ".join(str(exc).split())[:300]
+        if not acc.up:
+            self._accounting = AccountingHealth(False, acc.failures_total + 1, acc.down_since, error)
+            return
+        now = self._clock()
+        last = self._store.events(kinds=[ACCOUNTING_DOWN, ACCOUNTING_UP])[-1:]
+        if last and last[0].kind == ACCOUNTING_DOWN:
+            since = last[0].ts  # the outage began before this daemon started
+        else:
+            since = now
+            self._store.append_events([NewEvent(ACCOUNTING_DOWN, data={"error": error})], now)
+        log.warning(ACCOUNTING_DOWN, error=error, since=since.isoformat(),
+                    effect="ended jobs keep no exit code until slurmdbd answers")
+        self._accounting = AccountingHealth(False, acc.failures_total + 1, since, error)
+
+    def _accounting_answered(self) -> None:
+        acc = self._accounting
+        if acc.up and self._accounting_seen:
+            return
+        self._accounting_seen = True
+        if acc.up:
+            # First answer since start: close an outage an earlier daemon recorded.
+            last = self._store.events(kinds=[ACCOUNTING_DOWN, ACCOUNTING_UP])[-1:]
+            if not last or last[0].kind != ACCOUNTING_DOWN:
+                return
+            acc = AccountingHealth(False, acc.failures_total, last[0].ts)
+        now = self._clock()
+        down_for = (now - acc.down_since).total_seconds() if acc.down_since else None
+        self._store.append_events([NewEvent(ACCOUNTING_UP, data={"down_for_s": down_for})], now)
+        log.info(ACCOUNTING_UP, down_for_s=down_for, failures=acc.failures_total)
+        self._accounting = AccountingHealth(True, acc.failures_total)
 
     def _apply(
         self, attempt: Attempt, live: JobObservation | None, accounted: JobObservation | None,
