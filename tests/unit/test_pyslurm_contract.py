@@ -73,7 +73,7 @@ def test_submit_sets_only_fields_of_JobSubmitDescription(client: PyslurmClient, 
     assert env["SLURM_SUBMIT_DIR"] and env["SLURM_SUBMIT_HOST"] and "SLURM_TIME_FORMAT" not in env
 
 
-def test_jobs_accounting_and_find_by_name_read_only_members_pyslurm_has(
+def test_jobs_reads_only_members_pyslurm_Job_has(
         client: PyslurmClient, boundary: Boundary) -> None:
     live = {"id": 7, "name": "b300-r1-a1", "state": "RUNNING", "state_reason": "None",
             "allocated_nodes": "gpu[01-02]", "start_time": T0, "end_time": None,
@@ -85,6 +85,17 @@ def test_jobs_accounting_and_find_by_name_read_only_members_pyslurm_has(
     seen = client.jobs([7])
     assert seen[7].state is SlurmState.RUNNING and seen[7].nodes == ("gpu01", "gpu02")
     assert seen[7].reason == ""
+
+
+def test_accounting_and_find_by_name_read_only_members_pyslurm_db_has(
+        client: PyslurmClient, boundary: Boundary) -> None:
+    live = {"id": 7, "name": "b300-r1-a1", "state": "RUNNING", "state_reason": "None",
+            "allocated_nodes": "gpu[01-02]", "start_time": T0, "end_time": None,
+            "requeue_count": 0, "comment": "b300 run r1", "exit_code": 0, "exit_code_signal": 0}
+    acct = {"id": 6, "name": "b300-r1-a1", "state": "FAILED", "state_reason": "None",
+            "nodelist": "gpu03", "exit_code": 0, "exit_code_signal": 6, "start_time": T0 - 100,
+            "end_time": T0 - 50, "requeue_count": 0, "comment": ""}
+    boundary.set(jobs=[live], db_jobs=[acct])
     ended = client.accounting([6])
     assert (ended[6].exit_code, ended[6].signal, ended[6].source) == (0, 6, "sacct")
     found = client.find_by_name("b300-r1-a1", since=datetime.fromtimestamp(T0 - 200, UTC))
