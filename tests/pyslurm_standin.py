@@ -315,6 +315,10 @@ class StandIn:
 
             def submit(self) -> int:
                 st._check_call("JobSubmitDescription", "submit", (), {})
+                # _validate_batch_script (core/job/submission.pyx) on a script given as text
+                script = str(self.__dict__.get("script") or "")
+                if not script.startswith("#!") or "\0" in script or "\r\n" in script:
+                    raise ValueError("Not a valid Batch script.")
                 st._raise("submit")
                 st.log("submit", dict(self.__dict__))
                 return 1000 + sum(1 for e in st.journal() if e[0] == "submit")

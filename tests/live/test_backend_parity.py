@@ -115,7 +115,7 @@ def backends(slurm_conf: str, monkeypatch: pytest.MonkeyPatch,
         if name.startswith("parity-"):
             slurm_cmd(slurm_conf, "scancel", jid)
     for row in record_nodes(slurm_conf):
-        if "DRAIN" in row["state"]:
+        if "DRAIN" in row["state"] or "DOWN" in row["state"]:
             slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={row['name']}", "State=RESUME")
 
 
@@ -244,12 +244,15 @@ def test_nodes_drain_and_resume(
     assert (node, changes) == ("gpu04", {"state": "DRAIN", "reason": "parity drained test"})
     slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu04", "State=DRAIN",
               f"Reason={changes['reason']}")
+    slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DOWN", "Reason=parity down")
     boundary.set(nodes=record_nodes(slurm_conf))
     by_cli = {n.name: n for n in cli.nodes()}
     by_pys = {n.name: n for n in pys.nodes()}
     assert by_pys == by_cli
     assert (by_cli["gpu03"].state, by_cli["gpu03"].reason) == ("DRAINING", "parity draining test")
     assert (by_cli["gpu04"].state, by_cli["gpu04"].reason) == ("DRAINED", "parity drained test")
+    assert (by_cli["gpu02"].state, by_cli["gpu02"].reason) == ("DOWN", "parity down")
+    slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
 
     cli.resume_node("gpu04")
     pys.resume_node("gpu03")
