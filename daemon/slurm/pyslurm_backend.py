@@ -49,8 +49,6 @@ log = structlog.get_logger(__name__)
 # sacct's default start when job ids are named is "Epoch 0"; slurmdbd's default
 # for a filter without a start is today's midnight, so one is always given.
 _EARLIEST = int(datetime(2000, 1, 1, tzinfo=UTC).timestamp())
-# Settings the cli backend gives its tools; never part of a job's environment.
-_TOOL_ONLY_ENV = ("SLURM_TIME_FORMAT",)
 
 
 def release(version: str) -> str:
@@ -270,7 +268,7 @@ def job_environment(base: Mapping[str, str], *, submit_dir: str, submit_host: st
     working directory), SLURM_SUBMIT_HOST and SLURM_PRIO_PROCESS; pyslurm
     sends only what it is given (an empty environment fails the submission).
     """
-    env = {k: v for k, v in base.items() if k not in _TOOL_ONLY_ENV}
+    env = dict(base)
     env["SLURM_SUBMIT_DIR"] = submit_dir
     env["SLURM_SUBMIT_HOST"] = submit_host
     env.setdefault("SLURM_PRIO_PROCESS", str(nice))

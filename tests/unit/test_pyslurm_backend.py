@@ -61,7 +61,7 @@ def test_bad_signal_names_are_refused(bad: str) -> None:
 
 
 def test_job_environment_is_sbatch_s() -> None:
-    env = job_environment({"PATH": "/bin", "SLURM_TIME_FORMAT": "standard", "LC_ALL": "en_US.UTF-8"},
+    env = job_environment({"PATH": "/bin", "LC_ALL": "en_US.UTF-8", "SLURM_SUBMIT_DIR": "/old"},
                           submit_dir="/home/u", submit_host="login1", nice=0)
     assert env == {"PATH": "/bin", "LC_ALL": "en_US.UTF-8", "SLURM_SUBMIT_DIR": "/home/u",
                    "SLURM_SUBMIT_HOST": "login1", "SLURM_PRIO_PROCESS": "0"}

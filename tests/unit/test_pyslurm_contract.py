@@ -35,6 +35,7 @@ T0 = 1_764_000_000
 
 @pytest.fixture
 def boundary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Boundary:
+    monkeypatch.delenv("SLURM_TIME_FORMAT", raising=False)
     return install(monkeypatch, tmp_path)
 
 
