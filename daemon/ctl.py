@@ -142,7 +142,7 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     store = _open_store(cfg)
     try:
         if args.run:
-            return _status_one(store, args.run, args.json)
+            return _status_one(store, args.run, args.json, cfg.state_dir)
         note = _accounting_note(store)
         runs = store.list_runs()
         if not args.all:
@@ -182,7 +182,7 @@ def _accounting_note(store: Store) -> str | None:
             f"code once it answers, or none after [slurm] accounting_grace")
 
 
-def _status_one(store: Store, run_id: str, as_json: bool) -> int:
+def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -> int:
     note = _accounting_note(store)
     run = store.get_run(run_id)
     attempts = [attempt_to_dict(a) for a in store.attempts(run_id)]
@@ -191,8 +191,11 @@ def _status_one(store: Store, run_id: str, as_json: bool) -> int:
          "attempt_id": e.attempt_id, "data": e.data}
         for e in store.events(run_id=run_id)]
     if as_json:
-        print(json.dumps({"run": run_to_dict(run), "attempts": attempts, "events": events},
-                         indent=2))
+        from .slurm.release import read_release
+
+        # "slurm": the release b300d found at its last start (None before the first).
+        print(json.dumps({"run": run_to_dict(run), "attempts": attempts, "events": events,
+                          "slurm": read_release(state_dir) if state_dir else None}, indent=2))
         return 0
     print(f"run      {run.id}\nname     {run.name}\nstate    {run.state.value}\n"
           f"created  {run.created_at:%Y-%m-%d %H:%M:%S}Z\n")

@@ -7,16 +7,18 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import structlog
 
 from .config import config_path, load_config
-from .errors import B300Error, one_line
+from .errors import B300Error, SlurmError, one_line
 from .lease import FileLease, Lease, PostgresLease
 from .logs import configure_logging
 from .permissions import check_not_writable_by_others
 from .service import Daemon
 from .slurm import make_slurm_client
+from .slurm.release import SlurmRelease, check_release, parse_release, record_release
 from .store import open_store
 
 
@@ -24,6 +26,27 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         print(f"b300d: error: {one_line(message)}", file=sys.stderr)
         sys.exit(2)
+
+
+def _check_slurm_release(slurm: object, state_dir: str) -> None:
+    """Log and record the Slurm release; refuse one older than the oldest tested (exit 3).
+
+    A release that cannot be read (a tool failing, a backend without ``version``) is
+    logged as unknown and not held against the start: the poll cycle reports Slurm errors.
+    """
+    log = structlog.get_logger("b300d")
+    backend = str(getattr(slurm, "name", "?"))
+    version = getattr(slurm, "version", None)
+    release: SlurmRelease | None = None
+    if version is not None:
+        try:
+            release = parse_release(version())
+        except (SlurmError, ValueError) as exc:
+            log.warning("slurm.release_unknown", backend=backend, error=str(exc))
+    if release is not None:
+        check_release(release)
+        log.info("slurm.release", version=release.text, release=release.release, backend=backend)
+    record_release(state_dir, release, backend, datetime.now(UTC))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = open_store(cfg.database_url)
         slurm = make_slurm_client(cfg.slurm_backend, slurm_conf=cfg.slurm_conf,
                                   bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s)
+        _check_slurm_release(slurm, cfg.state_dir)
         lease: Lease = file_lease
         if cfg.database_url.startswith("postgresql"):
             lease = PostgresLease(cfg.database_url, cfg.lease_name)

@@ -13,6 +13,7 @@ die() { log "ERROR: $*"; exit 1; }
 PKGS=(
   slurmctld slurmd slurm-client slurmdbd
   munge openssh-server openssh-client clustershell rsync
+  mmdebstrap # newer Slurm releases in chroots (deploy/slurm-release.sh)
   procps iproute2 coreutils util-linux
   systemd    # systemd-analyze verify for deploy/b300d.service (not run as PID 1 here)
   chromium   # renders the weekly report's HTML to a PNG in the tests

@@ -28,7 +28,11 @@ def slurm_conf() -> str:
     env = subprocess.run(
         ["bash", str(CLUSTER), "env"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
-    conf = env.strip().split("=", 1)[1].strip("'\"")
+    conf = ""
+    for line in env.splitlines():  # export SLURM_CONF=...; newer releases also PATH
+        name, _, value = line.removeprefix("export ").partition("=")
+        if name == "SLURM_CONF":
+            conf = value.strip("'\"")
     os.environ["SLURM_CONF"] = conf
     return conf
 

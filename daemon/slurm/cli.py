@@ -192,6 +192,10 @@ class CliSlurmClient:
         argv.append(str(int(job_id)))
         self._call(argv)
 
+    def version(self) -> str:
+        """What ``sinfo -V`` prints (``slurm-wlm 24.11.5``); see :mod:`b300.slurm.release`."""
+        return self._call(["sinfo", "-V"]).strip()
+
     def nodes(self) -> list[NodeObservation]:
         out = self._call(["sinfo", "--noheader", "--Node", f"--format={SINFO_FORMAT}"])
         nodes, bad = parse_sinfo(out)

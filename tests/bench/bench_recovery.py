@@ -15,6 +15,9 @@ the node down / the daemon has classified the failure), ``drain``, ``submit``,
 training steps again). Run as root with the cluster up:
 
     python tests/bench/bench_recovery.py
+
+On another Slurm release: bring the cluster up with ``B300_SLURM=24.11`` (or 26.05)
+and ``eval "$(bash deploy/localcluster.sh env)"`` first; the output names the release.
 """
 
 from __future__ import annotations
@@ -168,18 +171,21 @@ def main() -> int:
     args = ap.parse_args()
     conf = os.environ.get("SLURM_CONF") or sh("bash", str(CLUSTER), "env").split("=", 1)[1].strip()
     os.environ["SLURM_CONF"] = conf
+    release = sh("sinfo", "-V").strip()
     with tempfile.TemporaryDirectory(prefix="b300-bench-rec-") as tmp:
         base = Path(tmp)
         ours = bench_b300d(base, conf, args.poll)
         slurm = bench_requeue(base)
     phases = ["slurm_down", "detect", "drain", "submit", "queue", "start"]
-    print(f"\nnode failure -> training again (seconds after the kill; b300d poll {args.poll})")
+    print(f"\nnode failure -> training again (seconds after the kill; b300d poll {args.poll}; "
+          f"{release})")
     print(f"{'phase':<16}{'b300d':>10}{'slurm requeue':>16}")
     for p in phases:
         print(f"{p:<16}{ours[p]:>10.1f}{slurm[p]:>16.1f}")
     print(f"{'daemon adds':<16}{ours['added_by_daemon']:>10.1f}  (submit - Slurm's node down)")
     print(f"ratio slurm/b300d time to training again: {slurm['start'] / ours['start']:.2f}x")
-    print(json.dumps({"b300d": ours, "slurm_requeue": slurm, "poll": args.poll}))
+    print(json.dumps({"b300d": ours, "slurm_requeue": slurm, "poll": args.poll,
+                      "slurm": release}))
     return 0
 
 

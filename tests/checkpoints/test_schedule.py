@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -108,5 +109,5 @@ def test_overdue_run_alerts_and_its_real_job_gets_usr1(tmp_path: Path, slurm_con
         generic(ckpt_dir, 200, t=NOW.timestamp())
         assert watcher.check(runs, NOW + timedelta(minutes=2)) == []
     finally:
-        subprocess.run(["scancel", str(job_id)], env={"SLURM_CONF": slurm_conf, "PATH": "/usr/bin:/bin"},
+        subprocess.run(["scancel", str(job_id)], env={"SLURM_CONF": slurm_conf, "PATH": os.environ["PATH"]},
                        check=False, timeout=30)

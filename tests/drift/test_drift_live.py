@@ -6,6 +6,7 @@ each, see conftest.py); drains and resumes go to the real slurmctld.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -96,7 +97,7 @@ def test_a_node_with_another_nccl_is_drained_and_returns_when_fixed(
     finally:
         sim.nodes["good3"].set_nccl("2.23.4")
         subprocess.run(["scontrol", "update", "NodeName=gpu03", "State=RESUME"], capture_output=True,
-                       env={"SLURM_CONF": slurm_conf, "PATH": "/usr/bin:/bin"}, timeout=30, check=False)
+                       env={"SLURM_CONF": slurm_conf, "PATH": os.environ["PATH"]}, timeout=30, check=False)
 
 
 def test_unreachable_hung_and_rekeyed_nodes_are_reported_not_drained(

@@ -103,6 +103,12 @@ def test_slurmdbd_down_the_controller_view_is_used_after_the_grace(tmp_path: Pat
         assert d.proc is not None and d.proc.poll() is None
     finally:
         subprocess.run(["bash", str(CLUSTER), "up"], check=True, capture_output=True, timeout=300)
+    # slurmctld delivers what it queued during the outage once it has reconnected to the
+    # new slurmdbd (24.11+ take a few seconds longer than 22.05): accounting is back when
+    # sacct knows the job that ran without it.
+    ok_job = str(status["attempts"][0]["job_id"])
+    wait_for(lambda: "COMPLETED" in slurm_cmd(slurm_conf, "sacct", "-X", "-n", "-P", f"-j{ok_job}",
+                                              "-oState"), 120, "slurmctld to reach slurmdbd again")
     # Accounting is back: the next run is tracked with sacct's exit code again.
     bad = d.submit(write_spec(tmp_path / "bad.toml", "dbd-bad", "exit 3"))
     status = d.wait_run(bad, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)

@@ -10,6 +10,7 @@ Slurm job of the run was active at once.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -77,7 +78,7 @@ def fresh_nodes(slurm_conf: str) -> Iterator[list[str]]:
                        timeout=120, check=False)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
                        capture_output=True, timeout=30, check=False,
-                       env={"SLURM_CONF": slurm_conf, "PATH": "/usr/bin:/bin"})
+                       env={"SLURM_CONF": slurm_conf, "PATH": os.environ["PATH"]})
 
 
 def _kill_node(node: str, killed: list[str]) -> None:
