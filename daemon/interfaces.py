@@ -73,8 +73,13 @@ class SlurmClient(Protocol):
         """
         ...
 
-    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
-        """Cancel a job, or only send it ``signal`` when one is given."""
+    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False,
+               full: bool = False) -> None:
+        """Cancel a job, or only send it ``signal`` when one is given.
+
+        Where a signal goes: by default to every step but not the batch shell;
+        ``batch_only`` to the batch shell alone (``scancel --batch``); ``full`` to the
+        batch shell, its children and every step (``scancel --full``)."""
         ...
 
     def nodes(self) -> list[NodeObservation]:
@@ -253,6 +258,11 @@ class Store(Protocol):
 
     def active_attempts(self) -> list[Attempt]:
         """Every attempt of every run that is not terminal (SUBMITTING included)."""
+        ...
+
+    def attempts_since(self, since: datetime) -> list[Attempt]:
+        """Every attempt of every run that ended at or after ``since`` or has not ended, by id
+        (one query: the cluster's recent history, e.g. for its failure rate)."""
         ...
 
     def append_events(self, events: Sequence[NewEvent], now: datetime) -> list[Event]: ...

@@ -237,6 +237,9 @@ class CheckpointInfo:
     ``complete`` is the layout's own verdict (done-marker, metadata file,
     ``latest`` pointer...); ``why_incomplete`` says why not, for the logs.
     Whether its bytes are intact is a separate question (the manifest).
+    ``save_s`` is how long saving it took as its files show: from the first file
+    written to the last (the completion marker or metadata), None when unknown.
+    It is a lower bound: the first file took some time to write too.
     """
 
     path: str
@@ -246,3 +249,4 @@ class CheckpointInfo:
     size_bytes: int = 0
     files: int = 0
     why_incomplete: str = ""
+    save_s: float | None = None

@@ -106,7 +106,8 @@ class Daemon:
                                   accounting_grace_s=config.accounting_grace_s)
         self.checkpoint_pass = CheckpointPass(
             store, CheckpointStore(store), slurm, self.clock,  # type: ignore[arg-type]
-            signal=config.checkpoints.signal,
+            allow_signals=config.checkpoints.allow_signals,
+            signal_grace_s=config.checkpoints.signal_grace_s,
             manifests_per_pass=config.checkpoints.manifests_per_pass)
         self.checkpoint_upkeep = CheckpointUpkeep(
             store, CheckpointStore(store), config.checkpoints, self.clock,  # type: ignore[arg-type]

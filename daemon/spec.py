@@ -18,6 +18,8 @@ A spec looks like::
     dir = "/lustre/ckpt/llama"
     layout = "dcp"
     interval = "1h"
+    signal = "USR1"       # opt-in: the job checkpoints when it gets this signal
+    signal_to = "batch"   # "batch": the batch shell only; "all": the shell, its children, every step
 
     [retries]
     infra = 5
@@ -57,11 +59,24 @@ MAX_SCRIPT_BYTES = 1 << 20
 _RESERVED_ENV_PREFIXES = ("SLURM_", "B300_")
 
 
+#: Signals a spec may ask for: ones a trainer can catch and that Slurm passes on.
+#: KILL and STOP cannot be caught, so asking a job to checkpoint with them makes no sense.
+CHECKPOINT_SIGNALS = ("USR1", "USR2", "URG", "HUP", "INT", "TERM", "ALRM", "WINCH", "CONT")
+SIGNAL_TARGETS = ("batch", "all")
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointPolicy:
+    """``signal`` is an opt-in: the job says it checkpoints when it gets that signal. Without
+    it the daemon never signals the job (a shell that does not trap USR1 dies of it).
+    ``signal_to`` is ``"batch"`` (``scancel --batch``: the batch shell only, like sbatch's
+    ``--signal=B:...``) or ``"all"`` (``scancel --full``: the shell, its children and every step)."""
+
     dir: str | None = None
     layout: str = "generic"
     interval_s: float = 3600.0
+    signal: str | None = None
+    signal_to: str = "batch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,16 +251,27 @@ def _environment(job: Mapping[str, Any], where: str) -> tuple[tuple[str, str], .
 
 def _checkpoint(table: Mapping[str, Any], where: str) -> CheckpointPolicy:
     cw = f"{where}: [checkpoint]"
-    reject_unknown(table, {"dir", "layout", "interval"}, cw, SpecError)
+    reject_unknown(table, {"dir", "layout", "interval", "signal", "signal_to"}, cw, SpecError)
     layout = get_str(table, "layout", cw, SpecError, default="generic")
     if layout not in LAYOUTS:
         raise SpecError(f"{cw}: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     interval = parse_duration(table.get("interval", 3600), "interval", cw, SpecError)
-    return CheckpointPolicy(
-        dir=get_str(table, "dir", cw, SpecError, pattern=ABS_PATH_RE, what="an absolute path"),
-        layout=layout,
-        interval_s=interval,
-    )
+    signal = get_str(table, "signal", cw, SpecError)
+    if signal is not None:
+        signal = signal.upper().removeprefix("SIG")
+        if signal not in CHECKPOINT_SIGNALS:
+            raise SpecError(f"{cw}: signal must be one the job can trap: {', '.join(CHECKPOINT_SIGNALS)}"
+                            f" (got {signal[:20]!r})")
+    signal_to = get_str(table, "signal_to", cw, SpecError, default="batch")
+    if signal_to not in SIGNAL_TARGETS:
+        raise SpecError(f"{cw}: signal_to must be \"batch\" or \"all\" (got {str(signal_to)[:20]!r})")
+    if "signal_to" in table and signal is None:
+        raise SpecError(f"{cw}: signal_to needs signal (the signal the job checkpoints on)")
+    dir_ = get_str(table, "dir", cw, SpecError, pattern=ABS_PATH_RE, what="an absolute path")
+    if signal is not None and dir_ is None:
+        raise SpecError(f"{cw}: signal needs dir (the daemon signals only when the checkpoints there are late)")
+    return CheckpointPolicy(dir=dir_, layout=layout, interval_s=interval, signal=signal,
+                            signal_to=signal_to or "batch")
 
 
 def _retries(table: Mapping[str, Any], where: str) -> RetryPolicy:
@@ -279,6 +305,9 @@ def dump_spec(spec: JobSpec) -> str:
               f"interval = {spec.checkpoint.interval_s!r}"]
     if spec.checkpoint.dir is not None:
         lines.append(f"dir = {_toml_str(spec.checkpoint.dir)}")
+    if spec.checkpoint.signal is not None:
+        lines += [f"signal = {_toml_str(spec.checkpoint.signal)}",
+                  f"signal_to = {_toml_str(spec.checkpoint.signal_to)}"]
     lines += ["", "[retries]", f"infra = {spec.retries.infra}",
               f"preemption = {spec.retries.preemption}",
               f"retryable_exit_codes = [{', '.join(map(str, spec.retries.retryable_exit_codes))}]",

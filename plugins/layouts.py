@@ -48,10 +48,19 @@ def _list(root: str, pattern: re.Pattern[str], why_incomplete: _Verdict) -> list
                 size_bytes=ckpt.size_bytes,
                 files=len(ckpt.files),
                 why_incomplete=why,
+                save_s=_save_s(ckpt) if not why else None,
             )
         )
     found.sort(key=lambda c: (c.step, c.path))
     return found
+
+
+def _save_s(ckpt: CheckpointDir) -> float | None:
+    """First file written to the last (the completion marker), from their mtimes; None for one file."""
+    if len(ckpt.files) < 2:
+        return None
+    times = [float(f.mtime) for f in ckpt.files]
+    return max(times) - min(times)
 
 
 def _read_tracker(root: str, name: str) -> str | None:

@@ -184,6 +184,18 @@ def test_active_attempts_span_runs(store: SqlStore) -> None:
     assert store.active_attempts()[0] == store.get_attempt(a.id)
 
 
+def test_attempts_since_are_the_recent_and_the_active_ones(store: SqlStore) -> None:
+    for run_id in ("a", "b"):
+        _new_run(store, run_id)
+    old = store.begin_attempt("a", at(1))
+    store.update_attempt(old.id, at(2), state=AttemptState.FAILED, end=at(2))
+    recent = store.begin_attempt("a", at(3))
+    store.update_attempt(recent.id, at(6), state=AttemptState.FAILED, end=at(6))
+    active = store.begin_attempt("b", at(4))
+    assert [x.id for x in store.attempts_since(at(5))] == [recent.id, active.id]
+    assert [x.id for x in store.attempts_since(at(0))] == [old.id, recent.id, active.id]
+
+
 # -- events --------------------------------------------------------------------
 
 

@@ -4,7 +4,9 @@
 
     [checkpoints]
     check_interval = "60s"        # list, fingerprint and check the schedule this often
-    signal = "USR1"               # sent to an overdue job's batch step; "" = alert only
+    allow_signals = true          # false: never signal a job, even one whose spec opts in
+    signal_grace = "5m"           # a signalled job has this long to checkpoint before the
+                                  # overdue alert; a job that ends within it died of the signal
     manifests_per_pass = 2        # checksum manifests made per run per pass
     maintain_interval = "10m"     # replicate, then prune, this often
     prune = false                 # delete local checkpoints by the rules below (else plan only)
@@ -48,8 +50,8 @@ _UNITS = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
           "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 #: Plugin options that are secrets: refused inline, read from ``<name>_file``.
 SECRET_OPTIONS = frozenset({"aws_secret_access_key", "password", "passphrase"})
-_COMMON = {"check_interval", "signal", "manifests_per_pass", "maintain_interval", "prune",
-           "prune_remote", "keep_last", "keep_hourly_for", "keep_daily_for",
+_COMMON = {"check_interval", "allow_signals", "signal_grace", "manifests_per_pass", "maintain_interval",
+           "prune", "prune_remote", "keep_last", "keep_hourly_for", "keep_daily_for",
            "replication_concurrency", "bandwidth_limit", "replicas_per_pass", "targets"}
 
 
@@ -83,7 +85,8 @@ class CheckpointsConfig:
     (b300.checkpoints.upkeep)."""
 
     check_interval_s: float = 60.0
-    signal: str | None = "USR1"
+    allow_signals: bool = True
+    signal_grace_s: float = 300.0
     manifests_per_pass: int = 2
     maintain_interval_s: float = 600.0
     prune: bool = False
@@ -157,9 +160,11 @@ def _target(raw: Any, i: int, where: str) -> TargetConfig:
 
 def parse_checkpoints_config(table: Mapping[str, Any], where: str) -> CheckpointsConfig:
     """Validate ``[checkpoints]``; every problem is one ConfigError line naming the key."""
+    if "signal" in table:
+        raise ConfigError(f"{where}: signal has moved to the job spec: a job that checkpoints on a signal "
+                          "says so with [checkpoint] signal = \"USR1\" (signal_to = \"batch\" or \"all\"); "
+                          "here only allow_signals = true/false and signal_grace remain")
     reject_unknown(table, _COMMON, where, ConfigError)
-    sig = get_str(table, "signal", where, ConfigError, default="USR1",
-                  pattern=re.compile(r"|[A-Z][A-Z0-9]{0,9}"), what="a signal name like USR1")
     raw_targets = table.get("targets", [])
     if not isinstance(raw_targets, list):
         raise ConfigError(f"{where}: targets must be an array of tables ([[checkpoints.targets]])")
@@ -172,7 +177,8 @@ def parse_checkpoints_config(table: Mapping[str, Any], where: str) -> Checkpoint
     return CheckpointsConfig(
         check_interval_s=parse_duration(table.get("check_interval", 60), "check_interval",
                                         where, ConfigError),
-        signal=sig or None,
+        allow_signals=get_bool(table, "allow_signals", where, ConfigError, default=True),
+        signal_grace_s=parse_duration(table.get("signal_grace", 300), "signal_grace", where, ConfigError),
         manifests_per_pass=get_int(table, "manifests_per_pass", where, ConfigError, default=2,
                                    lo=0, hi=1000) or 0,
         maintain_interval_s=parse_duration(table.get("maintain_interval", 600), "maintain_interval",

@@ -10,9 +10,10 @@ has a checkpoint folder:
   later verify the bytes it resumes from;
   (runs that ended in the last week too: their last checkpoints still need
   a manifest before they can be copied offsite);
-- checks the schedule: a run whose newest complete checkpoint is older than
-  its interval raises a ``checkpoint.overdue`` event once (and its job gets
-  the configured signal, e.g. USR1, at most once per interval).
+- checks the schedule (:class:`~.schedule.CheckpointWatcher`): one
+  ``checkpoint.overdue`` alert per overdue episode, one ``checkpoint.signal``
+  event per signal sent to a job whose spec opts in (at most one per interval),
+  one ``checkpoint.ok`` when a running attempt's schedule is met again.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from datetime import datetime, timedelta
 import structlog
 
 from ..errors import B300Error
-from ..interfaces import NewEvent, SlurmClient, Store
+from ..interfaces import SlurmClient, Store
 from ..model import Run, RunState
 from ..spec import parse_spec
 from ..store.checkpoint_store import CheckpointStore
 from .layouts import load_layout
 from .manifest import ensure_manifest, read_manifest, verify
-from .schedule import CheckpointWatcher
+from .schedule import EVENT_KINDS, HISTORY, CheckpointWatcher
 
 log = structlog.get_logger(__name__)
 _ACTIVE = [RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING, RunState.RECOVERING]
@@ -52,15 +53,17 @@ class CheckpointPass:
         slurm: SlurmClient,
         clock: Callable[[], datetime],
         *,
-        signal: str | None = "USR1",
+        allow_signals: bool = True,
+        signal_grace_s: float = 300.0,
         manifests_per_pass: int = 2,
     ) -> None:
         self._store = store
         self._checkpoints = checkpoints
         self._clock = clock
         self._per_pass = manifests_per_pass
-        self._watcher = CheckpointWatcher(slurm, load_layout, signal=signal)
-        self._overdue: set[str] = set()
+        self._watcher = CheckpointWatcher(slurm, load_layout, allow_signals=allow_signals,
+                                          signal_grace_s=signal_grace_s)
+        self._restored = False
 
     def run_once(self) -> None:
         """One pass; failures are logged, never raised into the scheduler."""
@@ -106,17 +109,15 @@ class CheckpointPass:
             except B300Error as exc:
                 log.warning("checkpoints.run_failed", run=run.id, error=str(exc))
         runs = self._store.list_runs(_ACTIVE)
-        pairs = [(run, self._store.attempts(run.id)) for run in runs]
         now = self._clock()
-        alerts = self._watcher.check(pairs, now)
-        overdue = {a.run_id for a in alerts}
-        events = [NewEvent(a.kind, run_id=a.run_id, data={"message": a.message, **a.data})
-                  for a in alerts if a.run_id not in self._overdue]
-        events += [NewEvent("checkpoint.ok", run_id=r, data={"message": "schedule met again"})
-                   for r in self._overdue - overdue]
+        if not self._restored:
+            # Episodes open before a restart: no second page, no signal sooner than one interval.
+            self._watcher.restore(self._store.events(kinds=list(EVENT_KINDS), since=now - HISTORY))
+            self._restored = True
+        pairs = [(run, self._store.attempts(run.id)) for run in runs]
+        history = self._store.attempts_since(now - HISTORY)
+        events = self._watcher.check(pairs, history, now)
         if events:
             self._store.append_events(events, now)
-            for a in alerts:
-                if a.run_id not in self._overdue:
-                    log.warning(a.kind, run=a.run_id, message=a.message)
-        self._overdue = overdue
+            for e in events:
+                log.warning(e.kind, run=e.run_id, message=e.data.get("message"))

@@ -30,6 +30,7 @@ class Outcome(enum.StrEnum):
     HANG = "HANG"                    # no progress; cancelled by the daemon
     TIMEOUT = "TIMEOUT"              # hit its time limit
     PREEMPTED = "PREEMPTED"
+    SIGNALLED = "SIGNALLED"          # ended within signal_grace of b300d's checkpoint signal: resubmitted
 
 
 #: Outcomes that spend the infrastructure retry budget.
@@ -51,6 +52,15 @@ _NODE_IN_LOG = re.compile(r"(?:Node failure on|srun: error: Node failure on) ([A
 # Node states (sinfo, base state) that mean "this node is not healthy".
 _BAD_NODE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING",
                               "NOT_RESPONDING", "UNKNOWN", "INVAL", "POWER_DOWN"})
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSent:
+    """The daemon's last checkpoint signal to an attempt (a ``checkpoint.signal`` event)."""
+
+    at: datetime
+    signal: str
+    grace_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +109,13 @@ def classify_end(
     hang_detected: bool,
     now: datetime,
     settle_s: float,
+    signal_sent: SignalSent | None = None,
 ) -> Verdict:
-    """Classify a terminal attempt. Pure: everything it needs is passed in."""
+    """Classify a terminal attempt. Pure: everything it needs is passed in.
+
+    A job that failed within ``signal_grace`` of the daemon's checkpoint signal
+    died of it (a batch shell that does not trap USR1 exits): SIGNALLED, the
+    daemon's doing, resubmitted, never the job's error."""
     state = attempt.state
     bad = tuple(n for n in attempt.nodes if node_is_bad(nodes_now.get(n)))
     named = tuple(sorted({m.group(1) for line in log_lines for m in _NODE_IN_LOG.finditer(line)
@@ -139,6 +154,12 @@ def classify_end(
     if state in (AttemptState.FAILED, AttemptState.ABANDONED):
         if suspects:
             return verdict(Outcome.INFRA, True, suspects=suspects)
+        if signal_sent is not None and attempt.end is not None:
+            after = (attempt.end - signal_sent.at).total_seconds()
+            if -1.0 <= after <= signal_sent.grace_s:  # -1: Slurm's end time has whole seconds
+                why.append(f"ended {max(0.0, after):.0f} s after b300d sent {signal_sent.signal} "
+                           f"(within signal_grace {signal_sent.grace_s:.0f} s): the daemon's doing")
+                return verdict(Outcome.SIGNALLED, True)
         if infra_lines:
             waited = (now - (attempt.end or now)) / timedelta(seconds=1)
             if waited < settle_s:

@@ -33,6 +33,7 @@ from ..spec import JobSpec, parse_spec
 from .classify import (
     BlackHolePolicy,
     Outcome,
+    SignalSent,
     Verdict,
     black_holes,
     classify_end,
@@ -153,12 +154,17 @@ class RecoveryService:
                            suspects=tuple(ev.get("suspects", ())),
                            implicated=tuple(ev.get("implicated", ())),
                            reasons=tuple(ev.get("reasons", ())), log_lines=tuple(ev.get("log", ())))
-        kinds = {e.kind for e in self._store.events(run_id=run.id, kinds=[
-            "run.cancel", "attempt.hang"]) if e.attempt_id == last.id}
+        mine = [e for e in self._store.events(run_id=run.id, kinds=[
+            "run.cancel", "attempt.hang", "checkpoint.signal"]) if e.attempt_id == last.id]
+        kinds = {e.kind for e in mine}
+        signals = [e for e in mine if e.kind == "checkpoint.signal"]
+        sent = (SignalSent(signals[-1].ts, str(signals[-1].data.get("signal", "?")),
+                           float(signals[-1].data.get("grace_s", 0)))
+                if signals else None)
         return classify_end(
             last, spec, nodes_now, self._log_tail(last, spec),
             cancel_requested="run.cancel" in kinds, hang_detected="attempt.hang" in kinds,
-            now=now, settle_s=self._config.settle_s,
+            now=now, settle_s=self._config.settle_s, signal_sent=sent,
         )
 
     def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:

@@ -15,7 +15,7 @@ wall time, the time its jobs trained. The time lost is split into
 
 Interruptions are ended attempts that were neither completed, cancelled nor
 timed out, by cause: GPU, network, node down, hang, preemption, job error,
-other infrastructure.
+checkpoint signal (b300d's signal ended it), other infrastructure.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from datetime import datetime
 
 from ..model import Attempt, Event, Run
 
-CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "other infrastructure")
+CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
+          "other infrastructure")
 _NOT_INTERRUPTIONS = {"", "COMPLETED", "CANCELLED", "TIMEOUT"}
 _GPU = re.compile(r"\bXid\b|NVRM|ECC|GPU has fallen off|nvidia-smi .*fail|row remap", re.IGNORECASE)
 _NODE_DOWN = re.compile(r"NODE_FAIL|node fail|node down|Node failure|lost contact|not responding|"
@@ -157,6 +158,8 @@ def interruption_cause(attempt: Attempt) -> str:
         return "hang"
     if outcome == "JOB_ERROR":
         return "job error"
+    if outcome == "SIGNALLED":  # the daemon's checkpoint signal ended it (recovery.classify)
+        return "checkpoint signal"
     ev = attempt.evidence or {}
     text = "\n".join(str(x) for key in ("log", "reasons") for x in (ev.get(key) or []))
     if _GPU.search(text):

@@ -181,7 +181,8 @@ class CliSlurmClient:
             found.setdefault(jid, obs)
         return [o for o in sorted(found.values(), key=lambda o: o.job_id) if o.name == job_name]
 
-    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
+    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False,
+               full: bool = False) -> None:
         argv = ["scancel"]
         if signal:
             if not re.fullmatch(r"[A-Z0-9]{1,10}", signal):
@@ -189,6 +190,8 @@ class CliSlurmClient:
             argv.append(f"--signal={signal}")
         if batch_only:
             argv.append("--batch")
+        elif full:
+            argv.append("--full")
         argv.append(str(int(job_id)))
         self._call(argv)
 

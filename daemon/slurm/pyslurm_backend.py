@@ -160,10 +160,12 @@ def _op_by_name(ps: Any, name: str, since: int) -> list[dict[str, Any]]:
     return live + [dict(row, source="sacct") for row in acct]
 
 
-def _op_cancel(ps: Any, job_id: int, signal: str | None, batch: bool) -> None:
+def _op_cancel(ps: Any, job_id: int, signal: str | None, to: str) -> None:
     job = ps.Job(job_id)
     if signal:
-        job.send_signal(signal, steps="batch" if batch else "children")
+        # pyslurm's steps: "batch" = the batch shell, "all" = every step and the shell
+        # (scancel --full), "children" = the steps but not the shell (scancel's default).
+        job.send_signal(signal, steps={"batch": "batch", "full": "all"}.get(to, "children"))
     else:
         job.cancel()
 
@@ -383,8 +385,10 @@ class PyslurmClient:
             found.setdefault(obs.job_id, obs)
         return [o for o in sorted(found.values(), key=lambda o: o.job_id) if o.name == job_name]
 
-    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
-        self._request("cancel", int(job_id), signal_name(signal) if signal else None, batch_only)
+    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False,
+               full: bool = False) -> None:
+        self._request("cancel", int(job_id), signal_name(signal) if signal else None,
+                      "batch" if batch_only else "full" if full else "")
 
     def nodes(self) -> list[NodeObservation]:
         seen: dict[str, NodeObservation] = {}

@@ -72,8 +72,11 @@ class CheckpointStore:
                 if row is None:
                     session.add(CheckpointRow(run_id=run_id, path=path, step=info.step, mtime=info.mtime,
                                               complete=info.complete, size_bytes=info.size_bytes,
-                                              files=info.files, updated_at=now))
+                                              files=info.files, save_s=info.save_s, updated_at=now))
                     continue
+                if info.save_s is not None and row.save_s != info.save_s:
+                    row.save_s = info.save_s
+                    session.add(row)
                 changed = (row.size_bytes, row.files, row.mtime, row.complete) != (
                     info.size_bytes, info.files, info.mtime, info.complete)
                 if changed:
@@ -199,7 +202,7 @@ def _replica_row(session: Session, checkpoint_id: int, target: str) -> Checkpoin
 def _to_record(row: CheckpointRow, replicas: dict[str, bool],
                pruned: frozenset[str] = frozenset()) -> StoredCheckpoint:
     info = CheckpointInfo(path=row.path, step=row.step, mtime=row.mtime, complete=row.complete,
-                          size_bytes=row.size_bytes, files=row.files)
+                          size_bytes=row.size_bytes, files=row.files, save_s=row.save_s)
     return StoredCheckpoint(run_id=row.run_id, info=info, verified=row.verified, verified_at=row.verified_at,
                             marked=row.marked, replicas=dict(sorted(replicas.items())),
                             deleted_at=row.deleted_at, replicas_pruned=pruned)

@@ -40,6 +40,8 @@ class CheckpointRow(SQLModel, table=True):
     complete: bool = Field(sa_column=sa.Column(sa.Boolean(), nullable=False))
     size_bytes: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
     files: int = Field(sa_column=sa.Column(sa.Integer(), nullable=False))
+    # Seconds from its first file to its last as listed (revision 0321); NULL when unknown.
+    save_s: float | None = Field(default=None, sa_column=sa.Column(sa.Float()))
     verified: bool | None = Field(default=None, sa_column=sa.Column(sa.Boolean()))
     verified_at: datetime | None = Field(default=None, sa_column=_utc_column(nullable=True))
     marked: bool = Field(default=False, sa_column=sa.Column(sa.Boolean(), nullable=False))

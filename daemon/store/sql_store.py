@@ -274,6 +274,16 @@ class SqlStore:
             ).all()
             return [to_attempt(row) for row in rows]
 
+    def attempts_since(self, since: datetime) -> list[Attempt]:
+        """Every attempt that ended at or after ``since`` or has not ended, by id."""
+        with self._read() as session:
+            rows = session.exec(
+                select(AttemptRow)
+                .where(sa.or_(col(AttemptRow.ended_at).is_(None), col(AttemptRow.ended_at) >= since))
+                .order_by(col(AttemptRow.id))
+            ).all()
+            return [to_attempt(row) for row in rows]
+
     # -- events -------------------------------------------------------------
 
     def append_events(self, events: Sequence[NewEvent], now: datetime) -> list[Event]:

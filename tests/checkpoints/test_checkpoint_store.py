@@ -54,6 +54,15 @@ def test_listing_verdicts_marks_replicas_and_prunes(store: SqlStore) -> None:
     assert [c.info.step for c in cs.checkpoints("r1")] == [3]
 
 
+def test_save_time_is_kept_and_updated(store: SqlStore) -> None:
+    store.create_run("r1", "r1", "spec", NOW)
+    cs = CheckpointStore(store)
+    cs.record_listing("r1", [replace(_ck(1), save_s=12.5), _ck(2)], NOW)
+    assert [c.info.save_s for c in cs.checkpoints("r1")] == [12.5, None]
+    cs.record_listing("r1", [replace(_ck(1), save_s=12.5), replace(_ck(2), save_s=3.0)], NOW)
+    assert [c.info.save_s for c in cs.checkpoints("r1")] == [12.5, 3.0]
+
+
 def test_unknown_checkpoint_is_not_found(store: SqlStore) -> None:
     store.create_run("r2", "r2", "spec", NOW)
     with pytest.raises(NotFoundError):

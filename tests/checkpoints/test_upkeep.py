@@ -243,6 +243,11 @@ def test_config_targets_and_secrets(tmp_path: Path) -> None:
     ({"prune": "yes"}, "prune must be true or false"),
     ({"keep_hourly_for": False}, "keep_hourly_for must be a duration"),  # not "off": False == 0
     ({"bandwidth_limit": False}, "bandwidth_limit must be a rate"),     # not "unlimited"
+    # The old daemon-wide signal killed jobs that did not trap it: refused, saying where it went.
+    ({"signal": "USR1"}, r'signal has moved to the job spec: .*\[checkpoint\] signal = "USR1"'),
+    ({"signal": ""}, "signal has moved to the job spec"),
+    ({"allow_signals": "no"}, "allow_signals must be true or false"),
+    ({"signal_grace": "soon"}, "signal_grace must be a duration"),
     ({"targets": [{"name": "a", "kind": "filesystem", "path": "/x/{run}", "Bad-Key": 1}]},
      "not a valid option"),
 ])

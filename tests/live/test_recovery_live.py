@@ -240,7 +240,7 @@ def test_daemon_fingerprints_checkpoints_and_flags_an_overdue_one(
     """The checkpoint pass makes manifests of complete checkpoints while the run goes,
     and a run whose checkpoints stop coming gets the alert and a USR1 it can trap."""
     d = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
-    cfg = d.config.read_text() + '[checkpoints]\ncheck_interval = "1s"\n'
+    cfg = d.config.read_text() + '[checkpoints]\ncheck_interval = "1s"\nsignal_grace = "3s"\n'
     d.config.write_text(cfg)
     d.start()
     try:
@@ -261,7 +261,8 @@ def test_daemon_fingerprints_checkpoints_and_flags_an_overdue_one(
         spec.write_text("\n".join([
             'name = "quiet"', "[job]", f"command = {json.dumps(body)}", "nodes = 2",
             "ntasks_per_node = 1", "gpus_per_node = 0", "[checkpoint]",
-            f'dir = "{tmp_path / "run2" / "ckpt"}"', 'layout = "dcp"', 'interval = "5s"']) + "\n")
+            f'dir = "{tmp_path / "run2" / "ckpt"}"', 'layout = "dcp"', 'interval = "5s"',
+            'signal = "USR1"']) + "\n")
         quiet = d.submit(spec)
         wait_for(lambda: any(e["kind"] == "checkpoint.overdue" for e in d.run(quiet)["events"]),
                  120, "the overdue alert")

@@ -164,7 +164,7 @@ def build_history(store: SqlStore) -> Expected:
         restart_h={"run-a": run_a_restart, "run-b": 0.0, "run-c": 0.0},
         recompute_h={"run-a": run_a_recompute, "run-b": None, "run-c": None},
         causes={"GPU": 1, "network": 1, "node down": 1, "hang": 1, "preemption": 1, "job error": 1,
-                "other infrastructure": 0},
+                "checkpoint signal": 0, "other infrastructure": 0},
         jobs=8,
         gpu_hours=16 * run_a_running + 8 * run_b_running + 4 * run_c_running,
         drained=2, returned=1,

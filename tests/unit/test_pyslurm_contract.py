@@ -106,9 +106,10 @@ def test_accounting_and_find_by_name_read_only_members_pyslurm_db_has(
 def test_cancel_with_the_checkpoint_signal_uses_a_name_pyslurm_accepts(
         client: PyslurmClient, boundary: Boundary) -> None:
     client.cancel(7, signal="USR1", batch_only=True)
+    client.cancel(7, signal="USR2", full=True)  # a spec's signal_to = "all"
     client.cancel(7)
     assert [e for e in boundary.journal() if e[0] in ("send_signal", "cancel")] == [
-        ["send_signal", 7, 10, "batch"], ["cancel", 7]]
+        ["send_signal", 7, 10, "batch"], ["send_signal", 7, 12, "all"], ["cancel", 7]]
 
 
 def test_nodes_drain_resume_and_exclude_use_what_Node_and_Job_have(

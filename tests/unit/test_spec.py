@@ -71,6 +71,23 @@ def test_good_spec() -> None:
             "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[retries]\nretryable_exit_codes = [0]\n",
             "retryable_exit_codes",
         ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\ndir = '/c'\nsignal = 'KILL'\n",
+            "signal must be one the job can trap",
+        ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\ndir = '/c'\nsignal_to = 'all'\n",
+            "signal_to needs signal",
+        ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\ndir = '/c'\nsignal = 'USR1'\n"
+            "signal_to = 'steps'\n",
+            'signal_to must be "batch" or "all"',
+        ),
+        (
+            "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\nsignal = 'USR1'\n",
+            "signal needs dir",
+        ),
         ("name = 'x\n", "not valid TOML"),
         ("[job]\ncommand = 'a'\nnodes = 1\n", "name is missing"),
     ],
@@ -80,6 +97,17 @@ def test_bad_specs_are_one_line(text: str, message: str) -> None:
         parse_spec(text, where="s.toml")
     assert message in str(err.value)
     assert "\n" not in str(err.value) and str(err.value).startswith("s.toml")
+
+
+def test_checkpoint_signal_is_an_opt_in() -> None:
+    """No signal unless the spec says so; SIGUSR2 and usr2 both mean USR2; it round-trips."""
+    assert parse_spec(GOOD).checkpoint.signal is None
+    text = GOOD.replace('interval = "90m"\n', 'interval = "90m"\nsignal = "SIGusr2"\nsignal_to = "all"\n')
+    spec = parse_spec(text)
+    assert (spec.checkpoint.signal, spec.checkpoint.signal_to) == ("USR2", "all")
+    assert parse_spec(dump_spec(spec)) == spec
+    spec = parse_spec(GOOD.replace('interval = "90m"\n', 'interval = "90m"\nsignal = "USR1"\n'))
+    assert (spec.checkpoint.signal, spec.checkpoint.signal_to) == ("USR1", "batch")
 
 
 def test_script_is_inlined(tmp_path: Path) -> None:
