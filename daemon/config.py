@@ -108,6 +108,18 @@ def _recovery(table: Mapping[str, Any], where: str) -> RecoveryConfig:
     )
 
 
+def trigger_program(cfg: Config) -> str:
+    """The program slurmctld's node-down trigger runs (the daemon writes it at start)."""
+    return os.path.join(cfg.state_dir, "node-down-trigger")
+
+
+def writable_paths(cfg: Config) -> list[str]:
+    """The folders the daemon writes to, for the systemd unit's ``ReadWritePaths``
+    (``b300d --print-paths``; ``deploy/install.sh`` turns them into a drop-in)."""
+    paths = [cfg.state_dir, os.path.dirname(cfg.socket), cfg.job_log_dir]
+    return list(dict.fromkeys(os.path.normpath(p) for p in paths if p))
+
+
 def config_path(explicit: str | None) -> str:
     """The config file to read: ``--config``, else ``$B300_CONFIG``, else the default."""
     return explicit or os.environ.get("B300_CONFIG") or DEFAULT_CONFIG

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import structlog
 
-from .config import config_path, load_config
+from .config import Config, config_path, load_config, trigger_program, writable_paths
 from .errors import B300Error, SlurmError, one_line
 from .lease import FileLease, Lease, PostgresLease
 from .logs import configure_logging
@@ -53,9 +53,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = _Parser(prog="b300d", description="Keeps training runs alive on a Slurm cluster.")
     ap.add_argument("--config", help="config file (default: $B300_CONFIG or /etc/b300/b300.toml)")
     ap.add_argument("--once", action="store_true", help="run one poll cycle, print it, and exit")
+    ap.add_argument("--print-paths", action="store_true",
+                    help="print the folders the daemon writes, one a line, and exit "
+                         "(deploy/install.sh makes them the unit's ReadWritePaths)")
+    ap.add_argument("--remove-trigger", action="store_true",
+                    help="clear the node-down strigger this daemon set (it is PERM: it outlives "
+                         "the daemon) and exit; deploy/install.sh --uninstall runs it")
     args = ap.parse_args(argv)
     try:
         path = config_path(args.config)
+        if args.print_paths:
+            print("\n".join(writable_paths(load_config(path))))
+            return 0
+        if args.remove_trigger:
+            return _remove_trigger(load_config(path))
         check_not_writable_by_others(path, "config file")
         cfg = load_config(path)
         check_not_writable_by_others(cfg.state_dir, "state directory")
@@ -102,6 +113,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         lease.release()
         file_lease.release()
+
+
+def _remove_trigger(cfg: Config) -> int:
+    from .slurm.cli import CliSlurmClient
+
+    program = trigger_program(cfg)
+    client = CliSlurmClient(slurm_conf=cfg.slurm_conf, bin_dir=cfg.slurm_bin_dir,
+                            timeout=cfg.slurm_timeout_s)
+    print(f"removed {client.remove_node_down_trigger(program)} node-down trigger(s) of {program}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from . import __version__
 from .checkpoints.upkeep import CheckpointUpkeep
 from .checkpoints.watch import CheckpointPass
-from .config import Config, load_config
+from .config import Config, load_config, trigger_program
 from .control import ControlServer, Peer, is_admin
 from .drift.service import make_drift_service
 from .errors import B300Error, ConfigError, NotFoundError, SlurmError, StoreError, UsageError
@@ -337,7 +337,7 @@ class Daemon:
         so slurmctld runs no string of ours through a shell."""
         if self.recovery is None or not self.config.recovery.node_trigger:
             return
-        program = os.path.join(self.config.state_dir, "node-down-trigger")
+        program = trigger_program(self.config)
         script = ("#!/bin/sh\n# Written by b300d: slurmctld runs this when a node goes down.\n"
                   f"exec {shlex.quote(sys.executable)} -m b300.ctl "
                   f"--config {shlex.quote(self.config.path)} notify node-down \"$@\"\n")

@@ -238,3 +238,14 @@ class CliSlurmClient:
             log.warning("slurm.trigger_refused", error=str(exc))
             return False
         return True
+
+    def remove_node_down_trigger(self, program: str) -> int:
+        """Clear every trigger whose program is ``program`` (a PERM trigger outlives
+        the daemon; ``deploy/install.sh --uninstall`` calls this). The number cleared."""
+        out = self._call(["strigger", "--get"], ok_codes=(0, 1))
+        ids = [fields[0] for line in out.splitlines()
+               if (fields := line.split()) and fields[0].isdigit() and fields[-1] == program]
+        for trig_id in ids:
+            self._call(["strigger", "--clear", f"--id={trig_id}"])
+        return len(ids)
+
