@@ -13,11 +13,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import make_url
 
+from .checkpoints.advice import RunSchedule, stored_run_schedule
 from .checkpoints.cli import add_checkpoint_commands, run_checkpoint_command
 from .config import Config, config_path, load_config
 from .control import ask_daemon
@@ -25,10 +27,11 @@ from .drift.cli import add_drift_commands, run_drift_command
 from .errors import B300Error, StoreError, one_line
 from .events_cli import add_events_command, run_events
 from .interfaces import Store
+from .model import Run
 from .nodes_cli import add_node_commands, run_nodes, run_notify
 from .report.cli import add_report_command, run_report
 from .service import attempt_to_dict, run_to_dict
-from .spec import load_spec_file
+from .spec import load_spec_file, parse_spec
 from .store import open_store
 
 
@@ -182,9 +185,18 @@ def _accounting_note(store: Store) -> str | None:
             f"code once it answers, or none after [slurm] accounting_grace")
 
 
+def _schedule(store: Store, run: Run) -> RunSchedule | None:
+    try:
+        spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+    except B300Error:
+        return None
+    return stored_run_schedule(store, run, spec, datetime.now(UTC))
+
+
 def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -> int:
     note = _accounting_note(store)
     run = store.get_run(run_id)
+    schedule = _schedule(store, run)
     attempts = [attempt_to_dict(a) for a in store.attempts(run_id)]
     events: list[dict[str, Any]] = [
         {"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor,
@@ -195,10 +207,14 @@ def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -
 
         # "slurm": the release b300d found at its last start (None before the first).
         print(json.dumps({"run": run_to_dict(run), "attempts": attempts, "events": events,
-                          "slurm": read_release(state_dir) if state_dir else None}, indent=2))
+                          "slurm": read_release(state_dir) if state_dir else None,
+                          "checkpoint_schedule": schedule.to_dict() if schedule else None}, indent=2))
         return 0
     print(f"run      {run.id}\nname     {run.name}\nstate    {run.state.value}\n"
-          f"created  {run.created_at:%Y-%m-%d %H:%M:%S}Z\n")
+          f"created  {run.created_at:%Y-%m-%d %H:%M:%S}Z")
+    for line in schedule.lines() if schedule else ():
+        print(f"         {line}")
+    print()
     table = [["#", "JOB", "STATE", "EXIT", "NODES", "EXCLUDED", "START", "END", "REASON"]]
     for a in attempts:
         code = "-" if a["exit_code"] is None else f"{a['exit_code']}:{a['signal'] or 0}"

@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
 
+from .checkpoints.advice import RunSchedule, stored_run_schedule
+from .checkpoints.schedule import HISTORY
 from .errors import B300Error
 from .health import CycleSnapshot
 from .interfaces import Store
@@ -41,6 +43,8 @@ class MetricsSnapshot:
     replication_lag_s: dict[str, float] = field(default_factory=dict)
     accounting_up: bool = True
     accounting_failures_total: int = 0
+    # Per run: interval, overdue (0/1), Young/Daly interval and its inputs (save time, MTBF).
+    checkpoint_schedule: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _label(value: str) -> str:
@@ -69,6 +73,19 @@ def render_metrics(m: MetricsSnapshot) -> str:
                [("", m.drift_findings_open)])
     metric("b300_checkpoint_newest_age_seconds", "gauge", "age of the newest complete checkpoint per run",
            [(f'{{run="{_label(r)}"}}', round(v, 3)) for r, v in sorted(m.checkpoint_age_s.items())])
+    sched = sorted(m.checkpoint_schedule.items())
+    for key, name, help in (
+            ("interval_s", "b300_checkpoint_interval_seconds", "the spec's checkpoint interval per run"),
+            ("overdue", "b300_checkpoint_overdue",
+             "1 while the run's newest checkpoint is older than its interval"),
+            ("young_daly_s", "b300_checkpoint_young_daly_seconds",
+             "Young/Daly interval sqrt(2 * save time * MTBF) per run (absent until both are known)"),
+            ("save_s", "b300_checkpoint_save_seconds",
+             "median save time of the run's newest checkpoints (first file to last), a Young/Daly input"),
+            ("mtbf_s", "b300_checkpoint_mtbf_seconds",
+             "time between infrastructure failures for the run's node count, a Young/Daly input")):
+        metric(name, "gauge", help,
+               [(f'{{run="{_label(r)}"}}', round(v[key], 3)) for r, v in sched if key in v])
     metric("b300_replication_lag_seconds", "gauge",
            "age of the oldest checkpoint not yet on every replica target (0: all replicated)",
            [(f'{{run="{_label(r)}"}}', round(v, 3)) for r, v in sorted(m.replication_lag_s.items())])
@@ -100,9 +117,11 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         drift_open: int | None = None
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
+        schedules: dict[str, dict[str, float]] = {}
         if isinstance(store, SqlStore):
             drift_open = len(DriftStore(store).open_findings())
             ckpts = CheckpointStore(store)
+            history = store.attempts_since(now - HISTORY)
             for run in runs:
                 if run.state.is_terminal:
                     continue
@@ -118,12 +137,27 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
                                                   checkpoints=stored), now)
                 if fig is not None and fig.newest_age_s is not None:
                     ages[run.id] = fig.newest_age_s
+                sched = stored_run_schedule(store, run, spec, now, history=history)
+                if sched is not None:
+                    if run.id not in ages and sched.age_s is not None:
+                        ages[run.id] = sched.age_s  # no checkpoint yet: the running attempt's age
+                    schedules[run.id] = _schedule_figures(sched)
                 if fig is not None and fig.replication_lag_s is not None:
                     lags[run.id] = fig.replication_lag_s
     except B300Error as exc:
         log.warning("metrics.store_failed", error=str(exc))
         return MetricsSnapshot(cycle=cycle, store_up=False)
-    return MetricsSnapshot(cycle, True, by_state, recoveries, drained, drift_open, ages, lags)
+    return MetricsSnapshot(cycle, True, by_state, recoveries, drained, drift_open, ages, lags,
+                           checkpoint_schedule=schedules)
+
+
+def _schedule_figures(s: RunSchedule) -> dict[str, float]:
+    yd = s.young_daly
+    out = {"interval_s": s.interval_s, "overdue": float(s.overdue)}
+    for key, value in (("young_daly_s", yd.interval_s), ("save_s", yd.save_s), ("mtbf_s", yd.mtbf_s)):
+        if value is not None:
+            out[key] = value
+    return out
 
 
 class MetricsServer:

@@ -1,5 +1,7 @@
 """``b300ctl checkpoints [RUN]``: every checkpoint with step, time, size, verified,
 replicated where, and what the next prune would delete; ``--prune`` carries it out.
+Above the table, the run's schedule: its interval, the newest checkpoint's age, and the
+Young/Daly interval beside it with the inputs it used.
 
 Reads the checkpoint directories (through the run's layout plugin) and the state
 store; a prune is a dry run unless ``--yes`` is given, and deletes nothing unless
@@ -20,12 +22,14 @@ from ..interfaces import Store
 from ..model import Run
 from ..spec import parse_spec
 from ..store.checkpoint_store import StoredCheckpoint, plan_state
+from .advice import stored_run_schedule
 from .config import parse_span
 from .layouts import load_layout
 from .manifest import verify
 from .prune import prune_local
 from .resume import pending_resumes
 from .retention import CheckpointState, PrunePlan, RetentionPolicy, plan_prune
+from .schedule import format_span
 
 
 def add_checkpoint_commands(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
@@ -97,8 +101,11 @@ def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, p
     pending = pending_resumes(store.attempts(run.id))
     states = [plan_state(c, known.get(c.path)) for c in found]
     plan = plan_prune(states, policy, now, pending_resume=pending, replication_targets=targets)
+    schedule = stored_run_schedule(store, run, spec, now, checkpoints=found)
     report: dict[str, Any] = {
         "run": run.id, "dir": spec.checkpoint.dir, "layout": spec.checkpoint.layout,
+        "schedule": schedule.to_dict() if schedule else None,
+        "schedule_text": schedule.lines() if schedule else [],
         "checkpoints": [_row(s, known.get(s.info.path), plan) for s in states],
         "would_delete": [c.path for c in plan.delete],
     }
@@ -142,6 +149,7 @@ def _row(state: CheckpointState, known: StoredCheckpoint | None, plan: PrunePlan
     return {
         "path": c.path, "step": c.step, "time": c.mtime.isoformat(), "size_bytes": c.size_bytes,
         "files": c.files, "complete": c.complete, "why_incomplete": c.why_incomplete,
+        "save_s": None if c.save_s is None else round(c.save_s, 3),
         "verified": None if known is None else known.verified, "marked": state.marked,
         "replicated_to": sorted(state.replicated_to),
         "replicas_pruned": [] if known is None else sorted(known.replicas_pruned),
@@ -177,13 +185,16 @@ def _print(reports: list[dict[str, Any]]) -> None:
         if r.get("error"):
             print(f"  {r['error']}")
             continue
-        table = [["STEP", "TIME", "SIZE", "COMPLETE", "VERIFIED", "REPLICATED", "NEXT PRUNE"]]
+        for line in r.get("schedule_text", ()):
+            print(f"  {line}")
+        table = [["STEP", "TIME", "SIZE", "SAVE", "COMPLETE", "VERIFIED", "REPLICATED", "NEXT PRUNE"]]
         for c in r["checkpoints"]:
             verified = {True: "yes", False: "FAILED", None: "-"}[c["verified"]]
             complete = "yes" if c["complete"] else f"no: {c['why_incomplete']}"
             nxt = "delete" if c["next_prune"] == "delete" else "keep (" + "; ".join(c["kept_because"]) + ")"
-            table.append([str(c["step"]), c["time"][:19].replace("T", " "), _size(c["size_bytes"]), complete,
-                          verified, _where(c), nxt])
+            save = "-" if c["save_s"] is None else format_span(c["save_s"])
+            table.append([str(c["step"]), c["time"][:19].replace("T", " "), _size(c["size_bytes"]), save,
+                          complete, verified, _where(c), nxt])
         if len(table) > 1:
             _print_table(table)
         print(f"  next prune deletes {len(r['would_delete'])} checkpoint(s)")

@@ -6,6 +6,8 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from ..checkpoints.advice import run_schedule
+from ..checkpoints.schedule import HISTORY
 from ..errors import B300Error
 from ..interfaces import Store
 from ..spec import parse_spec
@@ -24,6 +26,7 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
     events = store.events(since=window.since - _LOOKBEHIND)
     events = [e for e in events if e.ts < window.until]
     ckpt_store = _checkpoint_store(store)
+    history = store.attempts_since(now - HISTORY) if ckpt_store is not None else []
     inputs: list[RunInput] = []
     for run in store.list_runs():
         attempts = store.attempts(run.id)
@@ -36,12 +39,16 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
             continue
         ckpts = None
         interval = None
+        advice = None
         if ckpt_store is not None and spec.checkpoint.dir:
             interval = spec.checkpoint.interval_s
+            stored = [c for c in ckpt_store.checkpoints(run.id) if c.info.complete]
             ckpts = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
-                     for c in ckpt_store.checkpoints(run.id) if c.info.complete]
+                     for c in stored]
+            sched = run_schedule(run, spec, [c.info for c in stored], attempts, history, now)
+            advice = sched.young_daly if sched else None
         inputs.append(RunInput(run, attempts, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-                               checkpoint_interval_s=interval, checkpoints=ckpts))
+                               checkpoint_interval_s=interval, checkpoints=ckpts, young_daly=advice))
     return weekly_report(inputs, events, window, now, drift_open=_drift_open(store),
                          checkpoints_available=ckpt_store is not None)
 

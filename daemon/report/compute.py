@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..checkpoints.schedule import YoungDaly
 from ..model import Attempt, Event, Run
 
 CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
@@ -111,6 +112,10 @@ class CheckpointFigures:
     count: int
     replication_lag_s: float | None   # age of the newest checkpoint not yet replicated (0: all are)
     targets: tuple[str, ...] = ()
+    young_daly_s: float | None = None  # the Young/Daly interval beside interval_s (None: not known yet)
+    save_s: float | None = None        # its inputs: the median save time...
+    mtbf_s: float | None = None        # ...and the time between failures for the run's nodes
+    young_daly: str = ""               # the advice in words, with every input
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,7 @@ class RunInput:
     checkpoint_interval_s: float | None = None
     checkpoints: Sequence[tuple[int, datetime, int, frozenset[str], frozenset[str]]] | None = None
     # (step, mtime, size_bytes, replicated_to, all targets tried) of the stored, not deleted ones
+    young_daly: YoungDaly | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,10 +245,12 @@ def checkpoint_figures(ri: RunInput, now: datetime) -> CheckpointFigures | None:
     if targets:
         pending = [c for c in ckpts if not set(targets) <= c[3]]
         lag = max(0.0, (now - min(c[1] for c in pending)).total_seconds()) if pending else 0.0
+    yd = ri.young_daly
     return CheckpointFigures(
         ri.run.id, newest[0] if newest else None, age, ri.checkpoint_interval_s,
         age is None or age > ri.checkpoint_interval_s, sum(c[2] for c in ckpts), len(ckpts), lag,
-        tuple(targets))
+        tuple(targets), young_daly_s=yd.interval_s if yd else None, save_s=yd.save_s if yd else None,
+        mtbf_s=yd.mtbf_s if yd else None, young_daly=yd.describe() if yd else "")
 
 
 def weekly_report(

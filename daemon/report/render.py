@@ -62,11 +62,13 @@ def node_rows(report: WeeklyReport) -> list[list[str]]:
 
 
 def checkpoint_rows(report: WeeklyReport) -> list[list[str]]:
-    rows = [["run", "newest step", "age h", "interval h", "overdue", "stored GB", "count", "replication lag h"]]
+    rows = [["run", "newest step", "age h", "interval h", "Young/Daly h", "overdue", "stored GB", "count",
+             "replication lag h"]]
     for c in report.checkpoints or ():
         rows.append([c.run_id, "-" if c.newest_step is None else str(c.newest_step), hours(c.newest_age_s),
-                     hours(c.interval_s), "yes" if c.overdue else "no", f"{c.stored_bytes / 1e9:.1f}",
-                     str(c.count), "no target" if c.replication_lag_s is None else hours(c.replication_lag_s)])
+                     hours(c.interval_s), "-" if c.young_daly_s is None else hours(c.young_daly_s),
+                     "yes" if c.overdue else "no", f"{c.stored_bytes / 1e9:.1f}", str(c.count),
+                     "no target" if c.replication_lag_s is None else hours(c.replication_lag_s)])
     return rows
 
 
@@ -112,6 +114,7 @@ def render_text(report: WeeklyReport) -> str:
         out.append("  not available")
     else:
         out.append(_table(checkpoint_rows(report)) if report.checkpoints else "  no running run checkpoints")
+        out += [f"  {c.run_id}: {c.young_daly}" for c in report.checkpoints or () if c.young_daly]
     out += ["", *[f"Note: {n}" for n in report.notes], f"Generated {report.generated_at.isoformat()}"]
     return "\n".join(out).rstrip() + "\n"
 
@@ -195,6 +198,7 @@ def render_html(report: WeeklyReport, pngs: dict[str, bytes], image_src: ImageSr
     else:
         parts.append(_html_table(checkpoint_rows(report)) if report.checkpoints
                      else "<p>no running run checkpoints</p>")
+        parts += [f"<p>{e(c.run_id)}: {e(c.young_daly)}</p>" for c in report.checkpoints or () if c.young_daly]
     parts += [f"<p><i>Note: {e(n)}</i></p>" for n in report.notes]
     parts.append(f'<p style="color:#777;font-size:11px">Generated {e(report.generated_at.isoformat())} '
                  "by b300d</p></body></html>")
