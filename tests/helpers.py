@@ -24,14 +24,23 @@ REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "deploy" / "localcluster.sh"
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.25,
+             *, ignoring: tuple[type[BaseException], ...] = ()) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s.
+
+    An exception of a type in ``ignoring`` counts as "not yet" (e.g. ConnectionError
+    while a server starts listening); any other exception fails the test at once.
+    """
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
+        try:
+            last = predicate()
+        except ignoring as exc:
+            last = exc
+        else:
+            if last:
+                return last
         time.sleep(every)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord, Run, RunState
 from ..runs import RunService
-from ..slurm.script import output_pattern
+from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, parse_spec
 from .classify import (
     BlackHolePolicy,
@@ -370,4 +371,7 @@ def _job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str |
     pattern = output_pattern(spec, log_dir)
     if attempt.slurm_job_id is None or pattern is None:
         return None
-    return pattern.replace("%j", str(attempt.slurm_job_id)).replace("%x", attempt.tag)
+    # The daemon submits as itself; the batch script runs on the allocation's first node.
+    return expand_output_pattern(pattern, job_id=attempt.slurm_job_id, job_name=attempt.tag,
+                                 user=pwd.getpwuid(os.geteuid()).pw_name,
+                                 batch_host=attempt.nodes[0] if attempt.nodes else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from ..model import SubmitRequest
@@ -47,6 +48,47 @@ def output_pattern(spec: JobSpec, log_dir: str | None) -> str | None:
     """The job's ``--output`` pattern: the spec's own, else ``<log_dir>/%x-%j.out``
     (where the daemon reads the log back), else Slurm's default (``None``)."""
     return spec.output or (f"{log_dir.rstrip('/')}/%x-%j.out" if log_dir else None)
+
+
+_NO_ARRAY = 4294967294  # what Slurm writes for %a of a job that is not an array task
+_PATTERN_RE = re.compile(r"%(\d*)(.)", re.DOTALL)
+_MAX_WIDTH = 10
+
+
+def expand_output_pattern(
+    pattern: str, *, job_id: int, job_name: str, user: str, batch_host: str,
+    array_job_id: int | None = None, array_task_id: int | None = None,
+) -> str:
+    """The file Slurm writes a batch job's output to, for an ``--output`` pattern.
+
+    As slurmstepd expands it for the batch step (checked on Slurm 22.05.8, see
+    ``tests/live/test_output_pattern_live.py``): ``%%`` is ``%``; ``%j``, ``%J``
+    (the batch step has no step number), ``%A`` (the job id when not an array),
+    ``%a`` (4294967294 when not an array), ``%n`` and ``%t`` (0: the batch script
+    runs on the first node, task 0) are numbers that a width zero-pads
+    (``%5j``: ``00042``, at most 10 digits); ``%s`` is ``batch``, ``%u`` the user,
+    ``%x`` the job name and ``%N`` the short host name of the batch node (ignoring
+    any width). Other letters stay as written. A backslash anywhere turns all
+    expansion off, and the backslashes are dropped.
+    """
+    if "\\" in pattern:
+        return pattern.replace("\\", "")
+    numbers = {"j": job_id, "J": job_id, "n": 0, "t": 0,
+               "A": job_id if array_job_id is None else array_job_id,
+               "a": _NO_ARRAY if array_task_id is None else array_task_id}
+    words = {"s": "batch", "u": user, "x": job_name, "N": batch_host.split(".")[0]}
+
+    def one(match: re.Match[str]) -> str:
+        width, letter = match.group(1), match.group(2)
+        if letter in numbers:
+            return f"{numbers[letter]:0{min(int(width or 0), _MAX_WIDTH)}d}"
+        if letter in words:
+            return words[letter]
+        if letter == "%" and not width:
+            return "%"
+        return f"{width}{letter}" if width else match.group(0)
+
+    return _PATTERN_RE.sub(one, pattern)
 
 
 def build_request(

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -96,8 +97,9 @@ def test_metrics_and_alerts(tmp_path: Path, slurm_conf: str,
         'drained_burst = 2\nscan_interval = "1s"\n'))
     handle.start()
     try:
+        # The control socket answers before the metrics server listens: refused is "not yet".
         m = wait_for(lambda: (s := _scrape(metrics_port)).get("b300_last_cycle_timestamp") and s, 30,
-                     "a cycle in the metrics")
+                     "a cycle in the metrics", ignoring=(urllib.error.URLError, ConnectionError))
         assert m["b300_daemon_up"][()] == 1
         assert m["b300_cycle_failures_total"][()] == 0
         assert m["b300_cycle_duration_seconds"][()] >= 0
@@ -133,8 +135,11 @@ def test_metrics_and_alerts(tmp_path: Path, slurm_conf: str,
         # A restart resends nothing.
         handle.kill(15)
         handle.proc = None
+        seen = handle.log.stat().st_size
         handle.start()
-        time.sleep(3)  # three scan intervals: nothing may arrive (there is nothing to poll for)
+        # Three scans of the restarted daemon (its debug log says so): nothing may arrive.
+        wait_for(lambda: handle.log.read_text()[seen:].count('"alerts.scanned"') >= 3, 30,
+                 "three alert scans after the restart")
         assert len(posts) == 2 and len(inbox.messages) == 2
     finally:
         handle.cleanup()
