@@ -196,10 +196,10 @@ class YoungDaly:
         inputs = (f"save {format_span(self.save_s)} (median of {self.save_samples})" if self.save_s
                   else "save time unknown")
         rate = (f"MTBF {format_span(self.mtbf_s)} on {self.nodes} node(s): "
-                f"{h.cluster_failures} failure(s) in {h.cluster_node_s / 3600:.1f} node-h on the cluster, "
-                f"{h.run_failures} in {h.run_node_s / 3600:.1f} node-h of this run"
+                f"{h.cluster_failures} failure(s) in {format_span(h.cluster_node_s)} of node time on the "
+                f"cluster, {h.run_failures} in this run's {format_span(h.run_node_s)}"
                 if self.mtbf_s else
-                f"no failure yet in {h.cluster_node_s / 3600:.1f} node-h on the cluster")
+                f"no failure yet in {format_span(h.cluster_node_s)} of node time on the cluster")
         if self.interval_s is None:
             return (f"Young/Daly: no advice yet ({self.why_none}); configured {format_span(self.configured_s)}"
                     f"; {inputs}; {rate}")

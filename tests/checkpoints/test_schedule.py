@@ -112,7 +112,8 @@ def test_young_daly_from_save_times_and_the_run_and_cluster_history() -> None:
     assert yd.to_dict()["cluster_failures"] == 2 and yd.to_dict()["save_samples"] == 5
     line = yd.describe()
     assert line.startswith(f"Young/Daly {format_span(yd.interval_s or 0)} vs configured 60.0 min")
-    assert "save 40.0 s (median of 5)" in line and "2 failure(s) in 53.0 node-h" in line
+    assert "save 40.0 s (median of 5)" in line
+    assert "2 failure(s) in 53.0 h of node time on the cluster, 1 in this run's 12.0 h" in line
     none = young_daly([], failure_history("x", [], NOW), 1, 3600)
     assert none.interval_s is None and "no checkpoint save time" in none.why_none
     assert "no infrastructure failure" in none.why_none and "no advice yet" in none.describe()
