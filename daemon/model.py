@@ -250,3 +250,5 @@ class CheckpointInfo:
     files: int = 0
     why_incomplete: str = ""
     save_s: float | None = None
+    #: The layout that judged it (for ``layout = "auto"``: the one it recognised).
+    layout: str = ""

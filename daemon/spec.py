@@ -54,7 +54,7 @@ ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
 TIME_LIMIT_RE = re.compile(r"\d{1,6}|\d{1,6}:\d{1,2}(:\d{1,2})?|\d{1,4}-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED")
 ABS_PATH_RE = re.compile(r"/[^\x00\n]*")
-LAYOUTS = ("dcp", "megatron", "deepspeed", "generic")
+LAYOUTS = ("dcp", "megatron", "deepspeed", "hf", "lightning", "generic", "auto")
 MAX_SCRIPT_BYTES = 1 << 20
 _RESERVED_ENV_PREFIXES = ("SLURM_", "B300_")
 

@@ -24,7 +24,7 @@ from ..spec import parse_spec
 from ..store.checkpoint_store import StoredCheckpoint, plan_state
 from .advice import stored_run_schedule
 from .config import parse_span
-from .layouts import load_layout
+from .layouts import explain_nothing, load_layout, recognise
 from .manifest import verify
 from .prune import prune_local
 from .resume import pending_resumes
@@ -109,6 +109,12 @@ def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, p
         "checkpoints": [_row(s, known.get(s.info.path), plan) for s in states],
         "would_delete": [c.path for c in plan.delete],
     }
+    if spec.checkpoint.layout == "auto":
+        chosen, why = recognise(spec.checkpoint.dir)
+        report["layout_chosen"] = chosen
+        report["note"] = f"auto: {why}" + (f"; chose {chosen}" if chosen else "")
+    if not found:
+        report["note"] = explain_nothing(spec.checkpoint.layout, spec.checkpoint.dir)
     if prune:
         result = prune_local(plan, spec.checkpoint.dir, dry_run=not really, verify=lambda p: verify(p).ok)
         report["prune"] = {"dry_run": result.dry_run, "deleted": list(result.deleted),
@@ -195,6 +201,8 @@ def _print(reports: list[dict[str, Any]]) -> None:
             save = "-" if c["save_s"] is None else format_span(c["save_s"])
             table.append([str(c["step"]), c["time"][:19].replace("T", " "), _size(c["size_bytes"]), save,
                           complete, verified, _where(c), nxt])
+        if r.get("note"):
+            print(f"  {r['note']}")
         if len(table) > 1:
             _print_table(table)
         print(f"  next prune deletes {len(r['would_delete'])} checkpoint(s)")

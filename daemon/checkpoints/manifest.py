@@ -5,6 +5,14 @@ The manifest is a JSON file written atomically beside the data
 is copied and survives a daemon without its database. Files are hashed streaming,
 in 4 MiB reads. :func:`verify` re-hashes and compares: a checkpoint whose bytes
 changed after its manifest was made fails, so a resume falls back to an older one.
+
+Files added after the manifest was made are not damage: libraries legitimately
+write into a checkpoint after the point its layout calls it complete
+(Megatron-LM saves ``tokenizer/`` after ``latest_checkpointed_iteration.txt``).
+So the manifest is *extended*, not settled: when every recorded file is
+present, at its size and (for a full verify) its sha256, new files are hashed
+and added to it. A recorded file that is missing, resized or changed still
+fails, and so does an addition seen alongside such damage.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .walk import CheckpointDir, real_root, walk_checkpoint
+from .walk import CheckpointDir, FileEntry, real_root, walk_checkpoint
 
 MANIFEST_NAME = ".b300-manifest.json"
 _CHUNK = 4 << 20
@@ -173,7 +181,12 @@ def verify(path: str, *, root: str | None = None, full: bool = True) -> Verifica
     root_real = _root_of(path, root)
     if root_real is None:
         return Verification(False, ("checkpoint root is missing",))
-    problems = compare(manifest, walk_checkpoint(path, root_real))
+    seen = walk_checkpoint(path, root_real)
+    problems = compare(manifest, seen)
+    recorded = {f.rel for f in manifest.files}
+    added = [f for f in seen.files if f.rel not in recorded]
+    if added and len(problems) == len(added):  # only additions: judged below, after the hashes
+        problems = []
     hashed = 0
     if full and not problems:
         for entry in manifest.files:
@@ -185,4 +198,23 @@ def verify(path: str, *, root: str | None = None, full: bool = True) -> Verifica
             hashed += entry.size
             if digest != entry.sha256:
                 problems.append(f"{entry.rel!r} does not match its sha256")
+    if added and not problems:
+        problems = _extend(path, manifest, added)
     return Verification(not problems, tuple(problems), hashed)
+
+
+def _extend(path: str, manifest: Manifest, added: list[FileEntry]) -> list[str]:
+    """Add files a library wrote after the manifest was made (Megatron-LM's tokenizer assets
+    come after its tracker) once every recorded file checked out; [] or the problems."""
+    entries = list(manifest.files)
+    for f in added:
+        try:
+            entries.append(ManifestEntry(f.rel, f.size, sha256_file(os.path.join(path, f.rel))))
+        except OSError as exc:
+            return [f"cannot read {f.rel!r}: {exc.strerror or exc}"]
+    entries.sort(key=lambda e: e.rel)
+    try:
+        write_manifest(path, Manifest(files=tuple(entries), created_at=manifest.created_at))
+    except OSError as exc:
+        return [f"cannot extend the manifest: {exc.strerror or exc}"]
+    return []

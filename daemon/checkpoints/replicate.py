@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from ..errors import UsageError
 from ..faults import crashpoint
 from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget
 from ..model import CheckpointInfo
-from .manifest import Manifest, ManifestEntry
+from .manifest import Manifest, ManifestEntry, write_manifest
 
 log = structlog.get_logger(__name__)
 
@@ -258,3 +259,52 @@ def load_target(kind: str, options: Mapping[str, Any]) -> ReplicationTarget:
             continue
         return target
     raise UsageError(f"unknown replication target kind {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What :func:`restore` wrote: the restored checkpoint's path and its size."""
+
+    path: str
+    files: int
+    bytes: int
+
+
+def restore(name: str, target: ReplicationTarget, dest_root: str) -> RestoreResult:
+    """Copy the replica ``name`` from ``target`` into ``dest_root/name`` and prove it intact.
+
+    Only a replica with a record (a finished copy) is restored. Files are
+    written in name order to ``.part`` files, hashed on the way and renamed when
+    they match the record's sha256; the manifest is written last, so the
+    restored folder verifies like the original. The restored files have new
+    times: whether the checkpoint is usable is for its layout to judge from
+    the contents. Raises FileExistsError when the folder exists, ValueError
+    when the replica is unrecorded or a file differs.
+    """
+    data = target.get_record(name)
+    if data is None:
+        raise ValueError(f"{name} has no replica record on {target.name}")
+    manifest = ReplicaRecord.from_json(data).manifest
+    dest = os.path.join(dest_root, name)
+    os.makedirs(dest_root, exist_ok=True)
+    os.mkdir(dest)
+    total = 0
+    for entry in manifest.files:
+        out = os.path.join(dest, *entry.rel.split("/"))
+        if not os.path.realpath(out).startswith(os.path.realpath(dest) + os.sep):
+            raise ValueError(f"{entry.rel!r} would leave {dest}")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        digest = hashlib.sha256()
+        with open(out + ".part", "wb") as fh:
+            for chunk in target.read_file(name, entry.rel):
+                digest.update(chunk)
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if digest.hexdigest() != entry.sha256:
+            os.unlink(out + ".part")
+            raise ValueError(f"{entry.rel!r} of {name} on {target.name} does not match its record")
+        os.replace(out + ".part", out)
+        total += entry.size
+    write_manifest(dest, manifest)
+    return RestoreResult(dest, len(manifest.files), total)

@@ -31,11 +31,22 @@ def write_file(path: Path, data: bytes = b"x" * 64, mtime: float | None = None) 
 
 
 def dcp(root: Path, name: str, *, ranks: int = 2, metadata: bool = True, t: float = 1_700_000_000.0) -> Path:
+    """A DCP folder: ``__<rank>_0.distcp`` of 256 bytes per rank and a real ``.metadata``
+    (torch's own ``Metadata`` pickle) naming each file's byte range, as ``FileSystemWriter`` does."""
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
+
     d = root / name
+    storage = {}
     for r in range(ranks):
-        write_file(d / f"__{r}_0.distcp", os.urandom(256) , mtime=t)
+        write_file(d / f"__{r}_0.distcp", os.urandom(256), mtime=t)
+        storage[MetadataIndex(f"blob{r}")] = _StorageInfo(f"__{r}_0.distcp", 0, 256)
     if metadata:
-        write_file(d / ".metadata", b"meta" * 8, mtime=t + 1)
+        meta = Metadata(state_dict_metadata={f"blob{r}": BytesStorageMetadata() for r in range(ranks)},
+                        storage_data=storage)
+        write_file(d / ".metadata", pickle.dumps(meta), mtime=t + 1)
     return d
 
 
@@ -48,16 +59,35 @@ def generic(root: Path, step: int, *, done: bool = True, t: float = 1_700_000_00
     return d
 
 
-def megatron(root: Path, steps: list[int], latest: int | None) -> None:
+def megatron(root: Path, steps: list[int], latest: int | None, *, tp: int = 1) -> None:
+    """Megatron-LM's legacy folders: ``iter_N/mp_rank_TT/model_optim_rng.pt`` (a ``torch.save``
+    with the run's ``args``) per tensor-parallel rank, and the tracker."""
+    import argparse
+
+    import torch
+
     for s in steps:
-        write_file(root / f"iter_{s:07d}" / "mp_rank_00" / "model_optim_rng.pt", os.urandom(300))
+        for t in range(tp):
+            path = root / f"iter_{s:07d}" / f"mp_rank_{t:02d}" / "model_optim_rng.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            args = argparse.Namespace(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+            torch.save({"args": args, "iteration": s, "model": {"w": torch.ones(8)}}, path)
     if latest is not None:
         (root / "latest_checkpointed_iteration.txt").write_text(f"{latest}\n")
 
 
-def deepspeed(root: Path, steps: list[int], latest: int | None) -> None:
+def deepspeed(root: Path, steps: list[int], latest: int | None, *, dp: int = 2) -> None:
+    """DeepSpeed ZeRO-1 folders as ``save_checkpoint`` names them: rank 0's engine state
+    (``dp_world_size``...) and every data-parallel rank's optimizer file (``torch.save`` zips)."""
+    import torch
+
     for s in steps:
-        write_file(root / f"global_step{s}" / "mp_rank_00_model_states.pt", os.urandom(300))
-        write_file(root / f"global_step{s}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", os.urandom(300))
+        d = root / f"global_step{s}"
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save({"module": {"w": torch.ones(4)}, "optimizer": None, "dp_world_size": dp, "mp_world_size": 1,
+                    "ds_config": {"zero_optimization": {"stage": 1}}, "global_steps": s},
+                   d / "mp_rank_00_model_states.pt")
+        for r in range(dp):
+            torch.save({"optimizer_state_dict": {"r": r}}, d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
     if latest is not None:
         (root / "latest").write_text(f"global_step{latest}")

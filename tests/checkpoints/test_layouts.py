@@ -20,7 +20,7 @@ def _verdicts(layout: str, root: Path) -> dict[int, bool]:
 
 def test_every_builtin_layout_loads_through_its_entry_point() -> None:
     layouts = available_layouts()
-    assert {"dcp", "megatron", "deepspeed", "generic"} <= set(layouts)
+    assert {"dcp", "megatron", "deepspeed", "hf", "lightning", "generic", "auto"} <= set(layouts)
     for name, layout in layouts.items():
         assert isinstance(layout, CheckpointLayout)
         assert layout.name == name
@@ -31,7 +31,7 @@ def test_unknown_layout_is_a_usage_error() -> None:
         load_layout("nope")
 
 
-@pytest.mark.parametrize("layout", ["dcp", "megatron", "deepspeed", "generic"])
+@pytest.mark.parametrize("layout", ["dcp", "megatron", "deepspeed", "hf", "lightning", "generic", "auto"])
 def test_missing_or_unreadable_root_lists_nothing(tmp_path: Path, layout: str) -> None:
     assert load_layout(layout).list_checkpoints(str(tmp_path / "absent")) == []
     (tmp_path / "file").write_text("x")
@@ -49,7 +49,7 @@ def test_dcp_complete_torn_and_accepted_names(tmp_path: Path) -> None:
     d = dcp(tmp_path, "step_700")
     (d / ".metadata").write_bytes(b"")
     d = dcp(tmp_path, "step_800")
-    write_file(d / "__0_0.distcp", b"rewrite", mtime=os.stat(d / ".metadata").st_mtime + 50)
+    (d / "__0_0.distcp").write_bytes(os.urandom(255))  # one byte short of what .metadata records
     (tmp_path / "step_900").mkdir()
     write_file(tmp_path / "unrelated" / ".metadata", b"m")
     (tmp_path / "step_1000").write_text("a file, not a checkpoint")
@@ -60,9 +60,35 @@ def test_dcp_complete_torn_and_accepted_names(tmp_path: Path) -> None:
     assert all(by_step[s].complete for s in (100, 200, 300, 400))
     for s in (500, 600, 700, 800, 900):
         assert not by_step[s].complete and by_step[s].why_incomplete
+    assert by_step[800].why_incomplete == "'__0_0.distcp' is 255 bytes, .metadata needs 256"
     ok = by_step[100]
-    assert ok.files == 3 and ok.size_bytes == 2 * 256 + 32
+    meta = (tmp_path / "step_100" / ".metadata").stat().st_size
+    assert ok.files == 3 and ok.size_bytes == 2 * 256 + meta
     assert ok.mtime == datetime.fromtimestamp(1_700_000_001, UTC)
+
+
+def test_dcp_data_newer_than_metadata_is_still_complete(tmp_path: Path) -> None:
+    """A copy in name order, a restore or a writer's clock ahead: times say nothing about loading."""
+    d = dcp(tmp_path, "step_1")
+    newer = os.stat(d / ".metadata").st_mtime + 50
+    write_file(d / "__0_0.distcp", (d / "__0_0.distcp").read_bytes(), mtime=newer)
+    (found,) = load_layout("dcp").list_checkpoints(str(tmp_path))
+    assert found.complete, found.why_incomplete
+
+
+def test_metadata_pickle_is_never_unpickled(tmp_path: Path) -> None:
+    """A ``.metadata`` whose pickle would run code when loaded is only read as data."""
+    import pickle
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {tmp_path / 'PWNED'}",))
+
+    d = dcp(tmp_path, "step_1")
+    (d / ".metadata").write_bytes(pickle.dumps(Evil()))
+    (found,) = load_layout("dcp").list_checkpoints(str(tmp_path))
+    assert not found.complete and "cannot be read" in found.why_incomplete
+    assert not (tmp_path / "PWNED").exists()
 
 
 # DCP warns that it saves in a single process, which is what this test wants.
@@ -90,6 +116,16 @@ def test_megatron_dirs_beyond_the_tracker_are_incomplete(tmp_path: Path) -> None
     assert _verdicts("megatron", tmp_path) == {1000: False, 2000: True, 3000: False}
 
 
+def test_megatron_every_tensor_parallel_rank_must_be_there(tmp_path: Path) -> None:
+    megatron(tmp_path, [10, 20], latest=20, tp=2)
+    import shutil
+
+    shutil.rmtree(tmp_path / "iter_0000020" / "mp_rank_01")
+    found = {c.step: c for c in load_layout("megatron").list_checkpoints(str(tmp_path))}
+    assert found[10].complete
+    assert found[20].why_incomplete == "rank 1 file missing (mp_rank_01/model_optim_rng.pt)"
+
+
 @pytest.mark.parametrize("tracker", [None, "", "release-candidate", "12abc"])
 def test_megatron_without_a_valid_tracker_has_nothing_complete(tmp_path: Path, tracker: str | None) -> None:
     megatron(tmp_path, [10, 20], latest=None)
@@ -100,11 +136,14 @@ def test_megatron_without_a_valid_tracker_has_nothing_complete(tmp_path: Path, t
     assert "latest_checkpointed_iteration.txt" in found[0].why_incomplete
 
 
-def test_deepspeed_latest_pointer(tmp_path: Path) -> None:
+def test_deepspeed_judges_every_rank_not_latest(tmp_path: Path) -> None:
     deepspeed(tmp_path, [5, 10, 15], latest=10)
-    assert _verdicts("deepspeed", tmp_path) == {5: True, 10: True, 15: False}
+    assert _verdicts("deepspeed", tmp_path) == {5: True, 10: True, 15: True}
+    (tmp_path / "global_step10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()  # named by latest
     (tmp_path / "latest").write_text("garbage")
-    assert _verdicts("deepspeed", tmp_path) == {5: False, 10: False, 15: False}
+    found = {c.step: c for c in load_layout("deepspeed").list_checkpoints(str(tmp_path))}
+    assert {s: c.complete for s, c in found.items()} == {5: True, 10: False, 15: True}
+    assert found[10].why_incomplete.startswith("rank 1 optimizer file missing")
 
 
 def test_generic_done_marker(tmp_path: Path) -> None:
@@ -151,10 +190,6 @@ def test_shell_metacharacters_are_only_data(tmp_path: Path) -> None:
 
 
 def test_a_huge_flat_checkpoint_is_listed(tmp_path: Path) -> None:
-    d = tmp_path / "step_1"
-    d.mkdir()
-    for i in range(5_000):
-        (d / f"__{i}_0.distcp").write_bytes(b"x")
-    (d / ".metadata").write_bytes(b"m")
+    dcp(tmp_path, "step_1", ranks=5_000)  # .metadata names all 5,000 files
     (found,) = load_layout("dcp").list_checkpoints(str(tmp_path))
     assert found.complete and found.files == 5_001

@@ -79,3 +79,24 @@ def test_corrupted_newest_checkpoint_makes_resume_fall_back(tmp_path: Path) -> N
 
     chosen = choose_resume(layout.list_checkpoints(str(tmp_path)), lambda ck: verify(ck.path).ok)
     assert chosen is not None and chosen.step == 200
+
+
+def test_files_added_later_extend_the_manifest_but_damage_still_fails(tmp_path: Path) -> None:
+    """Megatron-LM writes tokenizer/ after its tracker: a manifest made in between must survive."""
+    d = generic(tmp_path, 1)
+    ensure_manifest(str(d), NOW)
+    write_file(d / "tokenizer" / "tokenizer.json", b'{"model": {}}')
+    result = verify(str(d))
+    assert result.ok, result.problems
+    manifest = read_manifest(str(d))
+    assert manifest is not None and "tokenizer/tokenizer.json" in {f.rel for f in manifest.files}
+    assert manifest.created_at == NOW
+    # An addition beside a changed recorded file is not taken in: the checkpoint fails.
+    write_file(d / "tokenizer" / "vocab.txt", b"a b c")
+    data = bytearray((d / "model.pt").read_bytes())
+    data[0] ^= 0xFF
+    (d / "model.pt").write_bytes(bytes(data))
+    bad = verify(str(d))
+    assert not bad.ok and "'model.pt' does not match its sha256" in bad.problems
+    manifest = read_manifest(str(d))
+    assert manifest is not None and "tokenizer/vocab.txt" not in {f.rel for f in manifest.files}
