@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -270,6 +271,10 @@ class RestoreResult:
     bytes: int
 
 
+_MEGATRON_ITER = re.compile(r"iter_(\d{1,18})", re.ASCII)
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+
+
 def restore(name: str, target: ReplicationTarget, dest_root: str) -> RestoreResult:
     """Copy the replica ``name`` from ``target`` into ``dest_root/name`` and prove it intact.
 
@@ -278,8 +283,10 @@ def restore(name: str, target: ReplicationTarget, dest_root: str) -> RestoreResu
     they match the record's sha256; the manifest is written last, so the
     restored folder verifies like the original. The restored files have new
     times: whether the checkpoint is usable is for its layout to judge from
-    the contents. Raises FileExistsError when the folder exists, ValueError
-    when the replica is unrecorded or a file differs.
+    the contents. A Megatron-LM legacy checkpoint restored into a root without
+    ``latest_checkpointed_iteration.txt`` gets one naming it. Raises
+    FileExistsError when the folder exists, ValueError when the replica is
+    unrecorded or a file differs.
     """
     data = target.get_record(name)
     if data is None:
@@ -307,4 +314,20 @@ def restore(name: str, target: ReplicationTarget, dest_root: str) -> RestoreResu
         os.replace(out + ".part", out)
         total += entry.size
     write_manifest(dest, manifest)
+    _point_megatron_tracker(name, dest_root, manifest)
     return RestoreResult(dest, len(manifest.files), total)
+
+
+def _point_megatron_tracker(name: str, dest_root: str, manifest: Manifest) -> None:
+    """A Megatron-LM legacy checkpoint loads only through its root's tracker, which is not part
+    of the checkpoint folder: restored into a root without one, write it naming this iteration
+    (``release`` for ``release/``), as Megatron-LM's own save would have."""
+    legacy = any(e.rel.endswith("/model_optim_rng.pt") and e.rel.startswith("mp_rank_") for e in manifest.files)
+    match = _MEGATRON_ITER.fullmatch(name)
+    tracker = os.path.join(dest_root, MEGATRON_TRACKER)
+    if not legacy or (match is None and name != "release") or os.path.lexists(tracker):
+        return
+    with open(tracker, "w", encoding="ascii") as fh:
+        fh.write(str(int(match.group(1))) if match else "release")
+        fh.flush()
+        os.fsync(fh.fileno())
