@@ -116,7 +116,7 @@ def trigger_program(cfg: Config) -> str:
 def writable_paths(cfg: Config) -> list[str]:
     """The folders the daemon writes to, for the systemd unit's ``ReadWritePaths``
     (``b300d --print-paths``; ``deploy/install.sh`` turns them into a drop-in)."""
-    paths = [cfg.state_dir, os.path.dirname(cfg.socket), cfg.job_log_dir]
+    paths = [cfg.state_dir, os.path.dirname(cfg.socket), cfg.job_log_dir, *cfg.checkpoints.roots]
     return list(dict.fromkeys(os.path.normpath(p) for p in paths if p))
 
 

@@ -6,9 +6,9 @@ runs under one action lock, so b300ctl never races the tracker.
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import shlex
 import socket
 import sys
 import threading
@@ -21,6 +21,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import __version__
+from .checkpoints.access import checkpoint_dir_problem
 from .checkpoints.upkeep import CheckpointUpkeep
 from .checkpoints.watch import CheckpointPass
 from .config import Config, load_config, trigger_program
@@ -227,6 +228,9 @@ class Daemon:
             if not isinstance(text, str):
                 raise UsageError("submit needs spec_toml")
             spec = parse_spec(text, where=str(request.get("where") or "spec"))
+            if spec.checkpoint.dir and (why := checkpoint_dir_problem(
+                    spec.checkpoint.dir, self.config.checkpoints.roots)):
+                raise UsageError(why)
             run = self.runs.submit(spec, text, actor=actor)
         else:
             run_id = request.get("run_id")
@@ -266,6 +270,7 @@ class Daemon:
         self._scheduler.start()
         self.ops.start(self._scheduler, sd_notify)
         self._arm_node_trigger()
+        self._check_checkpoint_dirs()
         sd_notify(f"READY=1\nSTATUS=tracking (poll every {self.config.poll_interval_s:g} s)")
         log.info("daemon.started", version=__version__, pid=os.getpid(),
                  socket=self.config.socket, slurm=self.slurm.name,
@@ -331,16 +336,32 @@ class Daemon:
         except StoreError as exc:
             log.warning("config.event_not_recorded", kind=kind, error=str(exc))
 
+    def _check_checkpoint_dirs(self) -> None:
+        """At start: one line per active run whose checkpoint folder this daemon cannot
+        write (a folder left out of the unit's ReadWritePaths, a read-only mount)."""
+        try:
+            runs = [r for r in self.store.list_runs() if not r.state.is_terminal]
+        except StoreError as exc:
+            log.warning("checkpoint.access_unchecked", error=str(exc))
+            return
+        for run in runs:
+            try:
+                spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+            except B300Error:
+                continue
+            if spec.checkpoint.dir and (why := checkpoint_dir_problem(
+                    spec.checkpoint.dir, self.config.checkpoints.roots)):
+                log.error("checkpoint.not_writable", run=run.id, why=why)
+
     def _arm_node_trigger(self) -> None:
         """Have slurmctld wake us when a node goes down (``strigger``); polling
-        stays the safety net. The program is a tiny script in the state dir,
-        so slurmctld runs no string of ours through a shell."""
+        stays the safety net. The program is a tiny script in the state dir
+        (see :func:`_trigger_script`), so slurmctld runs no string of ours
+        through a shell."""
         if self.recovery is None or not self.config.recovery.node_trigger:
             return
         program = trigger_program(self.config)
-        script = ("#!/bin/sh\n# Written by b300d: slurmctld runs this when a node goes down.\n"
-                  f"exec {shlex.quote(sys.executable)} -m b300.ctl "
-                  f"--config {shlex.quote(self.config.path)} notify node-down \"$@\"\n")
+        script = _trigger_script(self.config.socket)
         try:
             tmp = program + ".tmp"
             with open(tmp, "w") as f:
@@ -352,3 +373,22 @@ class Daemon:
             log.warning("trigger.not_armed", error=str(exc))
             return
         log.info("trigger.armed" if armed else "trigger.not_allowed", program=program)
+
+
+def _trigger_script(socket_path: str) -> str:
+    """The node-down trigger program: Python in isolated mode without site-packages
+    (``-IS``: no import of b300, its dependencies or anything on the path), one
+    ``wake`` request on the control socket. slurmctld runs it as the user who set the
+    trigger; that user must be allowed on the socket (root, b300, or the admin group)."""
+    return (f"#!{sys.executable} -IS\n"
+            "# Written by b300d: slurmctld runs this when a node goes down (strigger).\n"
+            "# Standard library only: ask the daemon for a poll cycle now.\n"
+            "import json, socket, sys\n"
+            f"SOCKET = {json.dumps(socket_path)}\n"
+            "why = ('node-down ' + ' '.join(sys.argv[1:]))[:200]\n"
+            "with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:\n"
+            "    s.settimeout(10)\n"
+            "    s.connect(SOCKET)\n"
+            "    s.sendall(json.dumps({'op': 'wake', 'why': why}).encode() + b'\\n')\n"
+            "    reply = s.makefile('rb').readline()\n"
+            "sys.exit(0 if reply and json.loads(reply).get('ok') else 1)\n")

@@ -52,7 +52,9 @@ _UNITS = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
 SECRET_OPTIONS = frozenset({"aws_secret_access_key", "password", "passphrase"})
 _COMMON = {"check_interval", "allow_signals", "signal_grace", "manifests_per_pass", "maintain_interval",
            "prune", "prune_remote", "keep_last", "keep_hourly_for", "keep_daily_for",
-           "replication_concurrency", "bandwidth_limit", "replicas_per_pass", "targets"}
+           "replication_concurrency", "bandwidth_limit", "replicas_per_pass", "targets", "roots"}
+#: A checkpoint root goes into the systemd unit's ReadWritePaths (space-separated, unquoted).
+_ROOT = re.compile(r"/[A-Za-z0-9._/@+:=,-]{0,4000}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,19 @@ class CheckpointsConfig:
     bandwidth_limit: float | None = None  # bytes per second
     replicas_per_pass: int = 4
     targets: tuple[TargetConfig, ...] = ()
+    #: Folders that hold the runs' checkpoint folders. deploy/install.sh makes them the unit's
+    #: ReadWritePaths; when set, a spec whose checkpoint folder is outside them is refused.
+    roots: tuple[str, ...] = ()
+
+
+def _roots(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: roots must be a list of absolute paths")
+    for v in value:
+        if not _ROOT.fullmatch(v) or "/../" in f"{v}/" or v.rstrip("/") == "":
+            raise ConfigError(f"{where}: roots: {v[:80]!r} must be an absolute path of letters, digits "
+                              "and ._/@+:=,- (it goes into the systemd unit)")
+    return tuple(dict.fromkeys(v.rstrip("/") for v in value))
 
 
 def parse_size_rate(value: Any, key: str, where: str) -> float | None:
@@ -195,4 +210,5 @@ def parse_checkpoints_config(table: Mapping[str, Any], where: str) -> Checkpoint
         replicas_per_pass=get_int(table, "replicas_per_pass", where, ConfigError, default=4,
                                   lo=1, hi=10000) or 4,
         targets=targets,
+        roots=_roots(table.get("roots", []), where),
     )

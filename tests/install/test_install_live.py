@@ -85,6 +85,7 @@ def installed(slurm_conf: str) -> Iterator[Install]:
         "[daemon]", f'state_dir = "{inst.state}"', 'poll_interval = "1s"', 'submit_grace = "3s"',
         'log_format = "json"', 'log_level = "debug"', f'admin_group = "{ADMIN_GROUP}"',
         "[slurm]", 'backend = "cli"', f'conf = "{slurm_conf}"',
+        "[checkpoints]", f'roots = ["{base / "run"}"]',
     ]) + "\n")
     proc = inst.script("--admin-group", ADMIN_GROUP, "--slurm-account", "root")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -131,7 +132,7 @@ def test_install_layout(installed: Install) -> None:
     unit = (inst.unit_dir / "b300d.service").read_text()
     assert f"ExecStart={inst.prefix}/venv/bin/b300d --config {inst.config}\n" in unit
     dropin = (inst.unit_dir / "b300d.service.d" / "paths.conf").read_text()
-    assert f"ReadWritePaths={inst.state} {inst.state}/job-logs\n" in dropin
+    assert f"ReadWritePaths={inst.state} {inst.state}/job-logs {inst.base}/run\n" in dropin
     help_ = subprocess.run([str(inst.bin_dir / "b300ctl"), "--help"], capture_output=True,
                            text=True, timeout=60, check=False)
     assert help_.returncode == 0 and "usage" in help_.stdout
@@ -170,8 +171,8 @@ def _uid_of(pid: int) -> int:
 def test_b300d_as_user_b300_drains_a_failed_node_and_recovers(installed: Install) -> None:
     inst = installed
     b300 = pwd.getpwnam("b300")
-    run = inst.base / "run"
-    run.mkdir()
+    run = inst.base / "run"  # a [checkpoints] root: install.sh made it for b300
+    assert run.owner() == "b300"
     shutil.copy2(WORKLOAD, run / "steps.py")
     (run / "steps.py").chmod(0o644)
     (run / "ckpt").mkdir()
