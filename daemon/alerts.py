@@ -92,7 +92,9 @@ class AlertScanner:
     """Scans new events and delivers their alerts; ``scan`` is run by the scheduler."""
 
     def __init__(self, store: Store, get_cfg: Callable[[], tuple[AlertsConfig, SmtpConfig | None]],
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime],
+                 fence: Callable[[str], None] = lambda _action: None) -> None:
+        self._fence = fence  # b300.fence: proves the lease before each delivery
         self._store = store
         self._get_cfg = get_cfg
         self._clock = clock
@@ -136,6 +138,7 @@ class AlertScanner:
                   if first_drain is not None else [])
         sent = 0
         for alert in alerts_for(new, recent, cfg.drained_burst):
+            self._fence(f"deliver alert {alert.kind}")
             if not self._deliver(alert, cfg, smtp):
                 # Nothing got through: keep the cursor before it and try again next scan.
                 self._cursor = alert.event_id - 1

@@ -74,7 +74,8 @@ class Config:
     slurm_bin_dir: str | None = None
     slurm_timeout_s: float = 30.0
     accounting_grace_s: float = 60.0
-    lease_name: str = "default"  # PostgreSQL: daemons sharing a lease name are one HA pair
+    lease_name: str = "default"  # daemons sharing a database and a lease name are one HA pair
+    lease_ttl_s: float = 15.0  # a holder that stops renewing is replaced after this long
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
     recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
     checkpoints: CheckpointsConfig = field(default_factory=lambda: CheckpointsConfig())
@@ -141,7 +142,7 @@ def load_config(path: str) -> Config:
                          "metrics", "alerts"}, path, ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
-    reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "lease_name",
+    reject_unknown(d, {"state_dir", "database_url", "socket", "job_log_dir", "lease_name", "lease_ttl",
                        "poll_interval", "submit_grace", "max_backoff", "log_format", "log_level",
                        "admin_group"}, dw, ConfigError)
     state_dir = get_str(d, "state_dir", dw, ConfigError, default="/var/lib/b300", pattern=_ABS,
@@ -170,6 +171,9 @@ def load_config(path: str) -> Config:
     poll = parse_duration(d.get("poll_interval", 15), "poll_interval", dw, ConfigError)
     if poll < 0.2 or poll > 3600:
         raise ConfigError(f"{dw}: poll_interval must be between 0.2 s and 1 h, got {poll:g} s")
+    lease_ttl = parse_duration(d.get("lease_ttl", 15), "lease_ttl", dw, ConfigError)
+    if lease_ttl < 2 or lease_ttl > 600:
+        raise ConfigError(f"{dw}: lease_ttl must be between 2 s and 10 min, got {lease_ttl:g} s")
     report = parse_report_config(get_table(doc, "report", path, ConfigError), f"{path}: [report]")
     alerts = parse_alerts_config(get_table(doc, "alerts", path, ConfigError), f"{path}: [alerts]")
     if alerts.mail_to and report.smtp is None:
@@ -182,6 +186,7 @@ def load_config(path: str) -> Config:
         job_log_dir=job_log_dir,
         lease_name=get_str(d, "lease_name", dw, ConfigError, default="default",
                            pattern=_GROUP, what="a name") or "default",
+        lease_ttl_s=lease_ttl,
         poll_interval_s=poll,
         submit_grace_s=parse_duration(d.get("submit_grace", 60), "submit_grace", dw, ConfigError),
         max_backoff_s=parse_duration(d.get("max_backoff", 300), "max_backoff", dw, ConfigError),

@@ -13,11 +13,13 @@ import grp
 import json
 import os
 import pwd
+import select
 import socket
 import socketserver
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +47,28 @@ class Peer:
             return f"uid:{self.uid}"
 
 
-Handler = Callable[[dict[str, Any], Peer], dict[str, Any]]
+Handler = Callable[[dict[str, Any], Peer, Callable[[], bool]], dict[str, Any]]
+
+
+def client_connected(sock: socket.socket) -> bool:
+    """False once the client closed its end (it gave up, was killed, timed out).
+
+    The client sends one request line and then only waits for the answer, so
+    anything readable now is its end-of-file (or a hang-up).
+    """
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLRDHUP)
+    for _fd, events in poller.poll(0):
+        if events & (select.POLLHUP | select.POLLRDHUP | select.POLLERR):
+            return False
+        if events & select.POLLIN:
+            try:
+                return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+    return True
 
 
 def peer_of(sock: socket.socket) -> Peer:
@@ -67,6 +90,13 @@ def is_admin(peer: Peer, admin_group: str) -> bool:
     return peer.gid == group.gr_gid or peer.user in group.gr_mem
 
 
+class _Server(socketserver.ThreadingUnixStreamServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback to stderr; one log line instead.
+        exc = sys.exc_info()[1]
+        log.error("control.request_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+
+
 class ControlServer:
     """Serves ``handler`` on a Unix socket in a background thread."""
 
@@ -77,22 +107,39 @@ class ControlServer:
         class _Req(socketserver.StreamRequestHandler):
             def handle(self) -> None:
                 peer = peer_of(self.connection)
-                line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+                op = None
+                try:
+                    line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+                except OSError as exc:
+                    log.warning("control.client_gone", op=op, error=type(exc).__name__)
+                    return
                 try:
                     if len(line) > MAX_REQUEST_BYTES:
                         raise UsageError("request too large")
                     request = json.loads(line)
                     if not isinstance(request, dict) or not isinstance(request.get("op"), str):
                         raise UsageError("request must be a JSON object with an 'op'")
-                    reply = outer_handler(request, peer)
+                    op = request["op"][:64]
+                    conn = self.connection
+                    reply = outer_handler(request, peer, lambda: client_connected(conn))
                 except (ValueError, UsageError) as exc:
                     reply = {"ok": False, "error": str(exc), "exit_code": 2}
-                self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+                try:
+                    self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+                    self.wfile.flush()
+                except OSError as exc:  # BrokenPipe/ConnectionReset: the client left
+                    log.warning("control.client_gone", op=op, error=type(exc).__name__,
+                                why="the client left before the answer")
+
+            def finish(self) -> None:
+                # The base class flushes again: a client that left is not a traceback.
+                with contextlib.suppress(OSError):
+                    super().finish()
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if os.path.exists(path):
             os.unlink(path)  # stale from a crash; the daemon's lock file says we own it
-        self._server = socketserver.ThreadingUnixStreamServer(path, _Req)
+        self._server = _Server(path, _Req)
         self._server.daemon_threads = True
         os.chmod(path, 0o660)
         if admin_group:
@@ -123,7 +170,12 @@ class ControlServer:
 
 
 def call_daemon(path: str, request: dict[str, Any], timeout: float = 180.0) -> dict[str, Any]:
-    """Send one request to the daemon and return its reply object."""
+    """Send one request to the daemon and return its reply object.
+
+    The request carries ``deadline`` (Unix time, now + ``timeout``): the
+    daemon drops it unexecuted once that has passed, as b300ctl has given up.
+    """
+    request = {**request, "deadline": time.time() + timeout}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:

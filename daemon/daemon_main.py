@@ -12,14 +12,14 @@ from datetime import UTC, datetime
 import structlog
 
 from .config import Config, config_path, load_config, trigger_program, writable_paths
-from .errors import B300Error, SlurmError, one_line
-from .lease import FileLease, Lease, PostgresLease
+from .errors import B300Error, ConfigError, SlurmError, one_line
+from .lease import DbLease, FileLease
 from .logs import configure_logging
 from .permissions import check_not_writable_by_others
 from .service import Daemon
 from .slurm import make_slurm_client
 from .slurm.release import SlurmRelease, check_release, parse_release, record_release
-from .store import open_store
+from .store import create_engine, open_store
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,12 +77,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         slurm = make_slurm_client(cfg.slurm_backend, slurm_conf=cfg.slurm_conf,
                                   bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s)
         _check_slurm_release(slurm, cfg.state_dir)
-        lease: Lease = file_lease
-        if cfg.database_url.startswith("postgresql"):
-            lease = PostgresLease(cfg.database_url, cfg.lease_name)
+        # The lease has its own engine and short timeouts (b300.lease): a renewal
+        # must neither wait behind the store's calls nor outlive a fraction of the TTL.
+        call_timeout = max(1.0, cfg.lease_ttl_s / 4)
+        lease = DbLease(create_engine(cfg.database_url, statement_timeout_s=call_timeout,
+                                      lock_timeout_s=call_timeout / 2,
+                                      connect_timeout_s=max(2, int(call_timeout)), pool_size=1,
+                                      application_name="b300d-lease"),
+                        cfg.lease_name, ttl_s=cfg.lease_ttl_s, call_timeout_s=call_timeout)
         daemon = Daemon(cfg, store, slurm, lease=lease)
         if args.once:
-            report = daemon.tracker.poll_once()
+            if not lease.try_acquire():
+                raise ConfigError("another b300d is active (it holds the lease); --once not run")
+            try:
+                report = daemon.tracker.poll_once()
+            finally:
+                lease.release()
             print(f"tracked={report.tracked} changed={report.changed} "
                   f"slurm_calls={report.slurm_calls} wall_s={report.wall_s:.3f}")
             store.close()
@@ -103,15 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _on_hup)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        # A standby waits here until the active daemon's lease is free.
-        if not lease.acquire(daemon.stopping):
-            return 0
+        # A standby answers b300ctl and waits in serve() until the lease is free.
         return daemon.serve()
     except B300Error as exc:
         print(f"b300d: {exc}", file=sys.stderr)
         return exc.exit_code
     finally:
-        lease.release()
         file_lease.release()
 
 

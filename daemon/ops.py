@@ -34,7 +34,7 @@ class Operations:
         self._scheduler: BaseScheduler | None = None
         self.metrics: MetricsServer | None = None
         self.alerts = AlertScanner(daemon.store, lambda: (daemon.config.alerts, daemon.config.report.smtp),
-                                   daemon.clock)
+                                   daemon.clock, fence=daemon.fence.check)
 
     def healthy(self) -> bool:
         """The scheduler runs and no poll cycle is stuck (Slurm calls time out long before)."""
@@ -45,7 +45,7 @@ class Operations:
     def start(self, scheduler: BaseScheduler, notify: object) -> None:
         self._scheduler = scheduler
         d = self._daemon
-        schedule_report(scheduler, d.store, lambda: d.config.report, d.clock)
+        schedule_report(scheduler, d.store, lambda: d.config.report, d.clock, fence=d.fence.check)
         try:
             self.alerts.prime()
         except B300Error as exc:
@@ -70,7 +70,8 @@ class Operations:
         """A config reload: reschedule what depends on [report] and [alerts]."""
         d = self._daemon
         if old.report != new.report and self._scheduler is not None:
-            schedule_report(self._scheduler, d.store, lambda: d.config.report, d.clock)
+            schedule_report(self._scheduler, d.store, lambda: d.config.report, d.clock,
+                            fence=d.fence.check)
         if old.alerts.scan_interval_s != new.alerts.scan_interval_s:
             self._schedule_alerts()
 

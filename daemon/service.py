@@ -28,9 +28,10 @@ from .config import Config, load_config, trigger_program
 from .control import ControlServer, Peer, is_admin
 from .drift.service import make_drift_service
 from .errors import B300Error, ConfigError, NotFoundError, SlurmError, StoreError, UsageError
-from .health import CycleHealth
+from .fence import Fence, FencedSlurm
+from .health import CycleHealth, Watchdog, watchdog_interval_s
 from .interfaces import NewEvent, SlurmClient, Store
-from .lease import Lease
+from .lease import DbLease, FencedError
 from .logs import configure_logging
 from .model import Attempt, Run
 from .ops import Operations
@@ -86,13 +87,15 @@ class Daemon:
         slurm: SlurmClient,
         *,
         clock: Callable[[], datetime] | None = None,
-        lease: Lease | None = None,
+        lease: DbLease | None = None,
     ) -> None:
         self._lease = lease
         self.exit_code = 0
         self.config = config
         self.store = store
-        self.slurm = slurm
+        # Fencing (b300.fence): every changing Slurm call proves the lease first.
+        self.fence = Fence(lease, on_fenced=self._lease_lost)
+        self.slurm = slurm = FencedSlurm(slurm, self.fence) if lease is not None else slurm
         self.clock = clock or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
         self.drift = make_drift_service(config.drift, store, slurm, self._lock, self.clock)
@@ -112,7 +115,7 @@ class Daemon:
             manifests_per_pass=config.checkpoints.manifests_per_pass)
         self.checkpoint_upkeep = CheckpointUpkeep(
             store, CheckpointStore(store), config.checkpoints, self.clock,  # type: ignore[arg-type]
-            action_lock=self._lock, stopping=lambda: self._stop.is_set())
+            action_lock=self._lock, stopping=lambda: self._stop.is_set(), fence=self.fence.check)
         self._stop = threading.Event()
         self._failures = 0
         self._skip_until = 0.0
@@ -130,15 +133,15 @@ class Daemon:
         with self._lock:
             if self._stop.is_set():
                 return
-            if self._lease is not None and not self._lease.healthy():
-                # Fencing: another daemon may hold the lease now; act no more.
-                log.error("lease.lost", action="stopping; systemd restarts us as a standby")
-                self.exit_code = 75
-                self._stop.set()
+            if not self._renew_lease():
                 return
             self.health.begin()
             try:
                 report = self.tracker.poll_once()
+            except FencedError:
+                # Logged by the fence; the daemon stops (exit 75) and acts no more.
+                self.health.end(ok=False)
+                return
             except (SlurmError, StoreError) as exc:
                 self.health.end(ok=False)
                 self._failures += 1
@@ -161,6 +164,30 @@ class Daemon:
                   slurm_calls=report.slurm_calls, wall_s=round(report.wall_s, 3),
                   errors=report.errors or None)
 
+    def _renew_lease(self) -> bool:
+        """Renew the lease at the start of a cycle; False: skip this cycle."""
+        if self._lease is None:
+            return True
+        try:
+            if self._lease.renew():
+                return True
+        except StoreError as exc:
+            if self._lease.healthy():
+                log.warning("lease.renew_failed", error=str(exc), action="cycle skipped")
+                return False
+            self._lease_lost(f"could not renew within the lease's validity: {exc}")
+            return False
+        self._lease_lost("taken over or expired")
+        return False
+
+    def _lease_lost(self, why: str) -> None:
+        """The lease is gone or cannot be proven: act no more, exit for a restart as standby."""
+        if self.exit_code != 75:
+            log.error("lease.lost", why=why, epoch=self._lease.epoch if self._lease else None,
+                      action="stopping; systemd restarts us as a standby")
+        self.exit_code = 75
+        self._stop.set()
+
     def _drifted_nodes(self) -> set[str]:
         """Nodes with open drift findings (drain policy): no attempt may land there."""
         return self.drift.scanner.store.open_drift_nodes() if self.drift is not None else set()
@@ -175,19 +202,73 @@ class Daemon:
 
     # -- control requests -------------------------------------------------
 
-    def handle(self, request: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    def role(self) -> str:
+        """``active``, ``standby`` (waiting for the lease) or ``fenced`` (lost it; stopping)."""
+        if self._lease is None:
+            return "active"
+        if self._lease.lost or self.exit_code == 75:
+            return "fenced"
+        return "active" if self._lease.epoch is not None else "standby"
+
+    def _ping(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"pid": os.getpid(), "version": __version__, "role": self.role()}
+        if self._lease is not None:
+            result["identity"] = self._lease.identity
+            result["epoch"] = self._lease.epoch
+        return result
+
+    def _refuse_unless_active(self, op: str) -> None:
+        if self.role() == "active":
+            return
+        who = ""
+        if self._lease is not None:
+            try:
+                info = self._lease.read()
+            except StoreError:
+                info = None
+            if info is not None and info.live:
+                who = f"; the active daemon is {info.holder} (epoch {info.epoch})"
+        raise FencedError(f"this b300d is {self.role()}, not active: {op} not done{who}")
+
+    def _request_expired(self, request: dict[str, Any], op: str,
+                         client_alive: Callable[[], bool] | None) -> str | None:
+        """Why a request must be dropped (its deadline passed, its client left), or None."""
+        deadline = request.get("deadline")
+        if isinstance(deadline, int | float) and not isinstance(deadline, bool):
+            # b300ctl and b300d share the host (Unix socket), so their clocks are one.
+            late = time.time() - float(deadline)
+            if late > 0:
+                return f"its deadline passed {late:.1f} s ago"
+        if client_alive is not None and not client_alive():
+            return "its client is gone"
+        return None
+
+    def handle(self, request: dict[str, Any], peer: Peer,
+               client_alive: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Answer one control request.
+
+        A changing request is executed only by the active daemon, only while
+        its ``deadline`` (Unix time, set by b300ctl) has not passed and its
+        client is still connected, checked under the action lock right before
+        acting; the fence then proves the lease at each action.
+        """
         op = request["op"]
         actor = peer.user
         try:
             if op == "ping":
-                return {"ok": True, "result": {"pid": os.getpid(), "version": __version__}}
+                return {"ok": True, "result": self._ping()}
             if op not in _MUTATING:
                 raise UsageError(f"unknown request {op!r}")
+            self._refuse_unless_active(op)
             if not is_admin(peer, self.config.admin_group):
                 log.warning("control.refused", op=op, user=actor, uid=peer.uid)
                 return {"ok": False, "exit_code": 2,
                         "error": f"user {actor} may not {op}: not in admin group "
                                  f"{self.config.admin_group or '(none configured)'}"}
+            dropped = self._request_expired(request, op, client_alive)
+            if dropped:
+                log.warning("control.dropped", op=op, user=actor, why=dropped)
+                return {"ok": False, "exit_code": 5, "error": f"{op} dropped: {dropped}"}
             if op == "drift_scan":
                 if self.drift is None:
                     raise UsageError("version drift is not configured (no [drift] in the config)")
@@ -202,6 +283,17 @@ class Daemon:
                 # A fresh view of drift before placing a run (outside the lock: SSH).
                 self.drift.scan_if_stale(self.clock())
             with self._lock:
+                # Checked again here: the request may have waited for the lock
+                # (or the process may have been frozen) since it arrived.
+                dropped = self._request_expired(request, op, client_alive)
+                if dropped:
+                    log.warning("control.dropped", op=op, user=actor, why=dropped)
+                    return {"ok": False, "exit_code": 5, "error": f"{op} dropped: {dropped}"}
+                self._refuse_unless_active(op)
+                # Prove the lease before the first write of the request, not only at
+                # its Slurm call: an intent written by a fenced daemon would be
+                # carried out by the next active one.
+                self.fence.check(f"request {op} from {actor}")
                 result = self._mutate(op, request, actor)
             self.wake()
             return {"ok": True, "result": result}
@@ -256,6 +348,12 @@ class Daemon:
         self._server = ControlServer(self.config.socket, self.handle,
                                      admin_group=self.config.admin_group)
         self._server.start()
+        try:
+            if not self._become_active():
+                return self._shut_down()
+        except BaseException:
+            self._server.stop()
+            raise
         self._scheduler.add_job(self.cycle, "interval", id="poll",
                                 seconds=self.config.poll_interval_s, max_instances=1,
                                 coalesce=True, next_run_time=datetime.now(UTC))
@@ -281,10 +379,54 @@ class Daemon:
         # wait=True: a cycle in progress finishes; its intents are already recorded.
         self._scheduler.shutdown(wait=True)
         self.ops.stop()
-        self._server.stop()
+        return self._shut_down()
+
+    def _shut_down(self) -> int:
+        if self._server is not None:
+            self._server.stop()
+        if self._lease is not None:
+            self._lease.release()
         self.store.close()
         log.info("daemon.stopped", exit_code=self.exit_code)
         return self.exit_code
+
+    def _become_active(self) -> bool:
+        """Wait as a standby (answering b300ctl) until the lease is ours; False if stopped."""
+        lease = self._lease
+        if lease is None:
+            return True
+        sd_notify(f"READY=1\nSTATUS=standby (lease {lease.name})")
+        interval = watchdog_interval_s(os.environ.get("WATCHDOG_USEC"))
+        standby_dog = (Watchdog(interval, lambda: not self._stop.is_set(), sd_notify)
+                       if interval is not None else None)
+        if standby_dog is not None:
+            standby_dog.start()
+        try:
+            if not lease.acquire(self._stop):
+                return False
+        finally:
+            if standby_dog is not None:
+                standby_dog.stop()
+        prev = lease.previous
+        data: dict[str, Any] = {"lease": lease.name, "epoch": lease.epoch,
+                                "new": lease.identity, "new_host": lease.host,
+                                "new_pid": lease.pid,
+                                "since": lease.acquired_at.isoformat() if lease.acquired_at else None}
+        if prev is not None:
+            data.update(old=prev.holder, old_host=prev.host, old_pid=prev.pid,
+                        old_epoch=prev.epoch, old_renewed_at=prev.renewed_at.isoformat(),
+                        old_expired_at=prev.expires_at.isoformat())
+            # A clean stop gives the lease up (expires_at set back to then).
+            data["old_released"] = (prev.expires_at - prev.renewed_at).total_seconds() \
+                < lease.ttl_s - 0.5
+        kind = "ha.failover" if prev is not None else "ha.acquired"
+        try:
+            self.store.append_events([NewEvent(kind, data=data)], self.clock())
+        except StoreError as exc:
+            log.warning("ha.event_not_recorded", kind=kind, error=str(exc))
+        log.info(kind, **data)
+        lease.start_heartbeat(self._stop, self._lease_lost)
+        return not self._stop.is_set()
 
     def stop(self) -> None:
         self._stop.set()

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,3 +208,72 @@ def clear_triggers(slurm_conf: str, under: str) -> None:
         if fields and fields[0].isdigit() and under in line:
             subprocess.run(["strigger", "--clear", f"--id={fields[0]}"], capture_output=True,
                            env=env, timeout=30, check=False)
+
+
+class CuttableProxy:
+    """A TCP proxy to PostgreSQL that can stop forwarding while keeping every socket open.
+
+    That is what a partition behind a middlebox looks like to both ends: the
+    kernel still accepts and acknowledges, nothing arrives. Bounded: it stops
+    with the test (``close``).
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._socks.append(client)
+            if self._cut.is_set():
+                continue  # accepted, never forwarded
+            try:
+                server = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks.append(server)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        while not self._closed.is_set():
+            if self._cut.is_set():
+                self._closed.wait(0.2)  # hold both sockets open, read nothing
+                continue
+            try:
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        peers[s].close()
+                        s.close()
+                        return
+                    peers[s].sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for s in self._socks:
+                s.close()

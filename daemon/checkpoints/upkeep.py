@@ -67,7 +67,10 @@ class CheckpointUpkeep:
         action_lock: threading.Lock,
         stopping: Callable[[], bool] = lambda: False,
         target_factory: TargetFactory = load_target,
+        fence: Callable[[str], None] = lambda _action: None,
     ) -> None:
+        # Proves the lease before every delete and copy (b300.fence); raises if it cannot.
+        self._fence = fence
         self._store = store
         self._checkpoints = checkpoints
         self._cfg = config
@@ -105,6 +108,7 @@ class CheckpointUpkeep:
         root = spec.checkpoint.dir
         if not root:
             return
+        self._fence(f"checkpoint upkeep of run {run.id}")
         leftovers = finish_interrupted_deletes(root)
         if leftovers:
             log.info("checkpoints.finished_interrupted_delete", run=run.id, paths=list(leftovers))
@@ -212,6 +216,7 @@ class CheckpointUpkeep:
             delete = tuple(c for c in again.delete if c.path in planned and c.path not in missing)
             if not delete:
                 return
+            self._fence(f"delete {len(delete)} checkpoints of run {run.id}")
             self._store.append_events([NewEvent("checkpoint.prune_started", run_id=run.id,
                                                 data={"paths": [c.path for c in delete]})], self._clock())
             result = prune_local(PrunePlan(keep=again.keep, delete=delete), root, dry_run=False,
@@ -247,6 +252,7 @@ class CheckpointUpkeep:
         plan = plan_remote_prune(target, self._cfg.retention, self._clock(), pending_resume=pending)
         if plan.delete:
             names = [c.path for c in plan.delete]
+            self._fence(f"delete {len(names)} replicas of run {run.id} on {name}")
             self._store.append_events([NewEvent("checkpoint.replica_prune_started", run_id=run.id,
                                                 data={"target": name, "replicas": names})], self._clock())
             result = prune_remote(target, plan, dry_run=False)
@@ -270,6 +276,8 @@ class CheckpointUpkeep:
         gone = {replica_name(c.info) for c in rows if c.deleted_at is not None}
         on_disk = {replica_name(c.info) for c in rows if c.deleted_at is None}
         leftovers = (set(target.list_all()) - set(target.list_replicas())) & (gone - on_disk)
+        if leftovers:
+            self._fence(f"delete {len(leftovers)} replica leftovers of run {run_id} on {name}")
         for replica in sorted(leftovers):
             target.delete_replica(replica)
             log.info("checkpoints.replica_leftover_removed", run=run_id, target=name, replica=replica)

@@ -54,7 +54,8 @@ def report_window(now: datetime, cfg: ReportConfig) -> Window:
     return Window(start, end)
 
 
-def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
+def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
+                       fence: Callable[[str], None] = lambda _action: None) -> str:
     """Send the report of the week ending at the last scheduled time; returns what happened:
     ``sent``, ``already-sent``, ``unconfirmed`` (intent without confirmation: not resent) or ``failed``."""
     assert cfg.smtp is not None
@@ -70,6 +71,7 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
         return "unconfirmed"
     report = collect_report(store, window, now)
     msg = report_message(report, cfg.smtp.sender, cfg.to, week=week)
+    fence(f"mail the report of {week}")  # b300.fence: raises unless this daemon is active
     store.append_events([NewEvent("report.sending", data={"week": week, "to": list(cfg.to)})], now)
     try:
         send_mail(cfg.smtp, msg)
@@ -96,7 +98,8 @@ def _retryable(seen: list[Event]) -> bool:
     return bool(last.kind == "report.failed" and last.data.get("retry"))
 
 
-def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> str:
+def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
+                           fence: Callable[[str], None] = lambda _action: None) -> str:
     """Send the current week's report again after a refused send, or when the daemon
     missed its time (within a day of the week's end); ``nothing-to-do`` otherwise."""
     window = report_window(now, cfg)
@@ -105,11 +108,12 @@ def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime) -> st
         return "nothing-to-do"
     if not seen and now - window.until > CATCH_UP_FOR:
         return "nothing-to-do"
-    return send_weekly_report(store, cfg, now)
+    return send_weekly_report(store, cfg, now, fence)
 
 
 def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[], ReportConfig],
-                    clock: Callable[[], datetime], *, retry_s: float = 600.0) -> None:
+                    clock: Callable[[], datetime], *, retry_s: float = 600.0,
+                    fence: Callable[[str], None] = lambda _action: None) -> None:
     """(Re)schedule the weekly report from the current [report] config; removes it when disabled."""
     cfg = get_cfg()
     for job_id in (JOB_ID, RETRY_JOB_ID):
@@ -120,7 +124,7 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
 
     def job() -> None:
         try:
-            send_weekly_report(store, get_cfg(), clock())
+            send_weekly_report(store, get_cfg(), clock(), fence)
         except Exception:  # a report must never take the daemon down
             log.exception("report.crashed")
 
@@ -129,7 +133,7 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
 
     def catch_up() -> None:
         try:
-            catch_up_weekly_report(store, get_cfg(), clock())
+            catch_up_weekly_report(store, get_cfg(), clock(), fence)
         except Exception:  # never take the daemon down; the next run tries again
             log.exception("report.catch_up_crashed")
 

@@ -24,15 +24,22 @@ from ..errors import ConfigError, StoreError
 from . import (
     checkpoint_tables,  # noqa: F401 - registers the checkpoint tables in METADATA
     drift_tables,  # noqa: F401 - registers the drift tables in METADATA
+    lease_tables,  # noqa: F401 - registers the lease table in METADATA
 )
+from .deadline import SocketWatchdog
 from .sql_store import WRITE_OPTION, SqlStore, masked, store_errors
 
-__all__ = ["SqlStore", "open_store"]
+__all__ = ["SqlStore", "create_engine", "open_store"]
 
 # How long a writer waits for SQLite's lock before failing with "database is locked".
 _SQLITE_BUSY_TIMEOUT_S = 10
 _PG_CONNECT_TIMEOUT_S = 10
 _LIBPQ_DRIVERS = ("psycopg", "psycopg2")
+# Every PostgreSQL statement of the store: the server ends it after this long
+# (and a lock wait sooner); the client shuts the socket down a little later,
+# for a path that lost the bytes (see b300.store.deadline).
+STORE_STATEMENT_TIMEOUT_S = 30.0
+STORE_LOCK_TIMEOUT_S = 10.0
 # pg_advisory_xact_lock key serializing migrations ("b300" in ASCII, then 1).
 _MIGRATION_LOCK = 0x62333030_0001
 
@@ -46,7 +53,7 @@ def open_store(url: str) -> SqlStore:
     processes at once. Raises ConfigError for a URL that cannot be used and
     StoreError when the database cannot be reached or migrated.
     """
-    engine = _create_engine(url)
+    engine = create_engine(url)
     try:
         _migrate(engine)
     except BaseException:
@@ -55,7 +62,23 @@ def open_store(url: str) -> SqlStore:
     return SqlStore(engine)
 
 
-def _create_engine(url: str) -> Engine:
+def create_engine(
+    url: str,
+    *,
+    statement_timeout_s: float = STORE_STATEMENT_TIMEOUT_S,
+    lock_timeout_s: float = STORE_LOCK_TIMEOUT_S,
+    connect_timeout_s: int = _PG_CONNECT_TIMEOUT_S,
+    pool_size: int = 5,
+    pre_ping: bool = False,
+    application_name: str = "b300",
+) -> Engine:
+    """An engine for ``url`` (not migrated). On PostgreSQL every session has
+    ``statement_timeout``/``lock_timeout``, TCP keepalives and
+    ``tcp_user_timeout``, and every statement a client-side deadline of
+    ``statement_timeout_s + 2`` s that shuts the socket down. No pre-ping of
+    pooled connections (SQLAlchemy's ping is not under that deadline, and hung
+    for as long as a cut-off path did): a connection the server dropped fails
+    one call with a StoreError, and SQLAlchemy then empties the pool."""
     try:
         parsed = make_url(url)
     except sa_exc.ArgumentError:
@@ -65,12 +88,53 @@ def _create_engine(url: str) -> Engine:
         if parsed.get_backend_name() == "sqlite":
             return _create_sqlite_engine(parsed)
         connect_args: dict[str, Any] = {}
-        if parsed.get_driver_name() in _LIBPQ_DRIVERS and "connect_timeout" not in parsed.query:
+        libpq = parsed.get_driver_name() in _LIBPQ_DRIVERS
+        if libpq and "connect_timeout" not in parsed.query:
             # libpq otherwise waits for the OS TCP timeout (minutes) on a dead host.
-            connect_args["connect_timeout"] = _PG_CONNECT_TIMEOUT_S
-        return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+            connect_args["connect_timeout"] = connect_timeout_s
+        if libpq and parsed.get_backend_name() == "postgresql":
+            connect_args.update(
+                application_name=application_name, keepalives=1, keepalives_idle=5,
+                keepalives_interval=2, keepalives_count=3,
+                tcp_user_timeout=int(statement_timeout_s * 1000),
+                options=(f"-c statement_timeout={int(statement_timeout_s * 1000)}"
+                         f" -c lock_timeout={int(lock_timeout_s * 1000)}"
+                         f" -c idle_in_transaction_session_timeout="
+                         f"{int(statement_timeout_s * 2000)}"))
+        engine = sa.create_engine(parsed, pool_pre_ping=pre_ping, connect_args=connect_args,
+                                  pool_size=pool_size)
+        if libpq and parsed.get_driver_name() == "psycopg":
+            _guard_statements(engine, statement_timeout_s + 2.0)
+        return engine
     except (sa_exc.NoSuchModuleError, ImportError) as exc:
         raise ConfigError(f"state store URL {masked(parsed)} cannot be used: {exc}") from None
+
+
+def _guard_statements(engine: Engine, timeout_s: float) -> None:
+    """Arm a client-side deadline around every statement (see b300.store.deadline)."""
+    watchdog = SocketWatchdog()
+
+    def _before(conn: Connection, cursor: Any, *_args: Any) -> None:
+        try:
+            fd = cursor.connection.fileno()
+        except Exception:  # a closed connection: the driver will say so
+            return
+        conn.info.setdefault("b300_deadlines", []).append(watchdog.arm(fd, timeout_s))
+
+    def _after(conn: Connection, *_args: Any) -> None:
+        tokens = conn.info.get("b300_deadlines")
+        if tokens:
+            watchdog.disarm(tokens.pop())
+
+    def _error(context: Any) -> None:
+        conn = context.connection
+        tokens = conn.info.get("b300_deadlines") if conn is not None else None
+        while tokens:
+            watchdog.disarm(tokens.pop())
+
+    sa.event.listen(engine, "before_cursor_execute", _before)
+    sa.event.listen(engine, "after_cursor_execute", _after)
+    sa.event.listen(engine, "handle_error", _error)
 
 
 def _create_sqlite_engine(url: URL) -> Engine:

@@ -155,6 +155,8 @@ class EventRow(SQLModel, table=True):
     node: str | None = Field(default=None, sa_column=sa.Column(sa.String(255)))
     actor: str = Field(sa_column=sa.Column(sa.String(64), nullable=False))
     data: str = Field(default="{}", sa_column=sa.Column(sa.Text(), nullable=False))
+    # The daemon (identity and lease epoch) that appended it (migration 0301).
+    daemon: str | None = Field(default=None, sa_column=sa.Column(sa.String(200)))
 
 
 # -- rows to records (the only way rows leave the storage layer) --------------
