@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 import structlog
 
@@ -68,6 +69,11 @@ class FencedSlurm:
 
     # -- reads go straight through ----------------------------------------
 
+    def __getattr__(self, name: str) -> Any:
+        # What the client has beyond the protocol (call counters, version()) only
+        # reads; every changing call is defined below and fenced.
+        return getattr(self._inner, name)
+
     def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
         return self._inner.jobs(job_ids)
 
@@ -86,9 +92,10 @@ class FencedSlurm:
         self._fence.check(f"sbatch {request.job_name}")
         return self._inner.submit(request)
 
-    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False) -> None:
+    def cancel(self, job_id: int, *, signal: str | None = None, batch_only: bool = False,
+               full: bool = False) -> None:
         self._fence.check(f"scancel {job_id}" + (f" --signal={signal}" if signal else ""))
-        self._inner.cancel(job_id, signal=signal, batch_only=batch_only)
+        self._inner.cancel(job_id, signal=signal, batch_only=batch_only, full=full)
 
     def drain_node(self, node: str, reason: str) -> None:
         self._fence.check(f"drain {node}")
