@@ -114,10 +114,15 @@ cmd_umount() {
   need_root
   check_dir "$dir"
   is_mounted "$dir" || return 0
-  umount -R "$dir" 2>/dev/null || {
-    sleep 1
-    umount -R "$dir" || umount -R -l "$dir"
-  }
+  # Processes of the release (a job's last children) may take a moment to exit after
+  # their daemons were stopped: retry for up to 10 s, then detach lazily.
+  local i
+  for ((i = 0; i < 20; i++)); do
+    umount -R "$dir" 2>/dev/null && { log "unmounted $dir"; return 0; }
+    sleep 0.5
+  done
+  log "$dir still busy after 10 s (pids: $(fuser -m "$dir/usr" 2>/dev/null | xargs)): detaching it lazily"
+  umount -R -l "$dir"
   log "unmounted $dir"
 }
 

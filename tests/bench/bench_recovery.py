@@ -147,9 +147,26 @@ def bench_requeue(base: Path) -> dict[str, float]:
         victim = sh("scontrol", "show", "hostnames", nodes).split()[1]
         t0 = time.time()
         sh("bash", str(CLUSTER), "kill-node", victim)
-        wait(lambda: "PENDING" in sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False),
-             400, "Slurm to requeue the job", 0.2)
+
+        def requeued_or_ended() -> str | None:
+            # squeue lists pending/running jobs only: an empty answer means it ended.
+            st = sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False).strip()
+            if "PENDING" in st:
+                return "requeued"
+            if st:
+                return None
+            return "ended " + sh("sacct", "-X", "-n", "-P", f"-j{job}", "-oState,ExitCode").strip()
+
+        outcome = wait(requeued_or_ended, 400, "Slurm to requeue the job", 0.2)
         t_requeue = time.time()
+        if outcome != "requeued":
+            # The surviving rank failed the step before Slurm declared the node down:
+            # the job ends FAILED, and Slurm's requeue (node failures only) never applies.
+            nan = float("nan")
+            return {"slurm_down": (node_down_at(victim) or nan) - t0, "detect": nan,
+                    "drain": nan, "submit": nan, "queue": nan, "start": nan,
+                    "added_by_daemon": nan, "node": victim,  # type: ignore[dict-item]
+                    "outcome": f"not requeued: job {outcome} {t_requeue - t0:.1f} s after the kill"}  # type: ignore[dict-item]
         wait(lambda: progress(run_dir).get("attempt") == 2, 600, "the requeued job training",
              0.1)
         t_train = time.time()
@@ -158,7 +175,8 @@ def bench_requeue(base: Path) -> dict[str, float]:
         return {"slurm_down": down - t0, "detect": down - t0, "drain": float("nan"),
                 "submit": t_requeue - t0,
                 "queue": datetime.fromisoformat(start).timestamp() - t0, "start": t_train - t0,
-                "added_by_daemon": float("nan"), "node": victim}  # type: ignore[dict-item]
+                "added_by_daemon": float("nan"), "node": victim,  # type: ignore[dict-item]
+                "outcome": "requeued"}  # type: ignore[dict-item]
     finally:
         sh("scancel", str(job), check=False)
         if victim:
@@ -183,6 +201,7 @@ def main() -> int:
     for p in phases:
         print(f"{p:<16}{ours[p]:>10.1f}{slurm[p]:>16.1f}")
     print(f"{'daemon adds':<16}{ours['added_by_daemon']:>10.1f}  (submit - Slurm's node down)")
+    print(f"slurm requeue: {slurm['outcome']}")
     print(f"ratio slurm/b300d time to training again: {slurm['start'] / ours['start']:.2f}x")
     print(json.dumps({"b300d": ours, "slurm_requeue": slurm, "poll": args.poll,
                       "slurm": release}))
