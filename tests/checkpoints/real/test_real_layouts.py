@@ -253,3 +253,24 @@ def test_a_folder_of_another_format_is_explained(written: Written) -> None:
     root = str(written.root("hf"))
     assert load_layout("megatron").list_checkpoints(root) == []
     assert explain_nothing("megatron", root) == "no checkpoint of layout megatron found; looks like hf (hf 2)"
+
+
+def test_megatron_tokenizer_assets_after_the_manifest_keep_it_ok(written: Written, tmp_path: Path) -> None:
+    """Megatron-LM writes ``tokenizer/`` after the tracker: a manifest made in between survives."""
+    from datetime import UTC, datetime
+
+    from b300.checkpoints.manifest import ensure_manifest, read_manifest, verify
+
+    root = tmp_path / "run"
+    path = written.copy("megatron-legacy", "iter_0000020", root)
+    (root / "latest_checkpointed_iteration.txt").write_text("20")
+    tokenizer = (path / "tokenizer" / "tokenizer.json").read_bytes()
+    shutil.rmtree(path / "tokenizer")  # the moment between the tracker and save_tokenizer_assets
+    (found,) = load_layout("megatron").list_checkpoints(str(root))
+    assert found.complete
+    ensure_manifest(found.path, datetime.now(UTC))
+    (path / "tokenizer").mkdir()
+    (path / "tokenizer" / "tokenizer.json").write_bytes(tokenizer)
+    assert verify(found.path).ok
+    manifest = read_manifest(found.path)
+    assert manifest is not None and "tokenizer/tokenizer.json" in {f.rel for f in manifest.files}
