@@ -96,6 +96,9 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
         findings = [_finding(o.finding) | {"id": o.id, "opened_at": o.opened_at.isoformat()}
                     for o in drift.open_findings()]
         drained = drift.drained_nodes()
+        failed: list[dict[str, Any]] = [] if last is None else [
+            {"ts": e.ts.isoformat(), "node": e.node, "error": e.data.get("error")}
+            for e in store.events(kinds=["drift.action_failed"], since=last[0])]
     finally:
         store.close()
     if last is None:
@@ -112,7 +115,8 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
         for (part, probe), value in sorted(expected.items()):
             exp.setdefault(part, {})[probe] = value
         print(json.dumps({"scanned_at": finished.isoformat(), "nodes": matrix, "expected": exp,
-                          "findings": findings, "drained": drained}, indent=2))
+                          "findings": findings, "drained": drained, "failed_actions": failed},
+                         indent=2))
         return 0
     probes = sorted({p for r in reports for p in r.values})
     table = [["NODE", "PARTITION", "STATUS", *[p.upper() for p in probes]]]
@@ -139,6 +143,10 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
             mark = " DRAINED" if f["node"] in drained else ""
             print(f"  {f['node']:<12} {f['probe']:<14} {f['kind']:<11} {f['found']} "
                   f"(expected {f['expected'] or '-'}) [{f['policy']}]{mark}")
+    if failed:
+        print("\nfailed at the last scan (retried at the next):")
+        for item in failed:
+            print(f"  {str(item['ts'])[:19].replace('T', ' ')}  {item['error']}")
     return 0
 
 

@@ -64,6 +64,15 @@ class DriftScanner:
         """Probe ``nodes`` (default: every configured node), act on what differs, record it."""
         return self.apply(self.collect(nodes), now)
 
+    def _report_failures(self, failures: Sequence[tuple[str | None, str]], now: datetime,
+                         actor: str) -> None:
+        """A failed drain/resume/sinfo of a scan: a warning and an event, every time."""
+        if not failures:
+            return
+        for node, error in failures:
+            log.warning("drift.action_failed", node=node, error=error)
+        self.store.record_action_failures(failures, now, actor)
+
     def collect(self, nodes: Sequence[str] | None) -> Collected:
         """Run every probe on ``nodes`` over SSH. UsageError for a node not in [drift.nodes]."""
         targets = tuple(nodes) if nodes else tuple(self._partitions)
@@ -102,6 +111,7 @@ class DriftScanner:
                 plan = plan_actions(reports, findings, open_findings, drained, {})
                 self.store.record_scan(now, now, len(scanned), matrix,
                                        plan.open, plan.close, actor)
+                self._report_failures([(None, f"sinfo: {exc}")], now, actor)
                 return _result(now, collected, reports, findings, plan.open, plan.close, (), (), errors)
         plan = plan_actions(reports, findings, open_findings, drained, reasons)
         self.store.record_scan(now, now, len(scanned), matrix,
@@ -110,11 +120,18 @@ class DriftScanner:
             log.warning("drift.finding", node=f.node, probe=f.probe, kind=f.kind.value,
                         expected=f.expected, found=f.found, policy=f.policy.value)
         drained_now: list[str] = []
+        failures: list[tuple[str | None, str]] = []
         for node, reason in plan.drain:
+            if reasons and node not in reasons:
+                # Not a Slurm node (sinfo does not list it): reported, never drained.
+                failures.append((node, f"drain {node}: not a Slurm node (not in sinfo)"))
+                errors.append(failures[-1][1])
+                continue
             try:
                 self.slurm.drain_node(node, reason)
             except SlurmError as exc:
                 errors.append(f"drain {node}: {exc}")
+                failures.append((node, errors[-1]))
                 continue
             self.store.mark_drained(node, reason, now, actor)
             drained_now.append(node)
@@ -126,10 +143,12 @@ class DriftScanner:
                     self.slurm.resume_node(node)
                 except SlurmError as exc:
                     errors.append(f"resume {node}: {exc}")
+                    failures.append((node, errors[-1]))
                     continue
                 resumed.append(node)
                 log.info("drift.resumed", node=node)
             self.store.release(node, now, resumed=node in plan.resume, actor=actor)
+        self._report_failures(failures, now, actor)
         return _result(now, collected, reports, findings, plan.open, plan.close,
                        tuple(drained_now), tuple(resumed), errors)
 

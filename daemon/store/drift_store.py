@@ -58,6 +58,14 @@ class DriftStore:
                 return None
             return (row.started_at.astimezone(UTC), row.finished_at.astimezone(UTC), json.loads(row.matrix))
 
+    def record_action_failures(self, failures: Sequence[tuple[str | None, str]], now: datetime,
+                               actor: str = "daemon") -> None:
+        """One ``drift.action_failed`` event per (node, error): a drain, resume or sinfo
+        of a scan that failed (shown by ``b300ctl drift``)."""
+        self._store.append_events([NewEvent("drift.action_failed", node=node, actor=actor,
+                                            data={"error": error[:500]})
+                                   for node, error in failures], now)
+
     def record_scan(
         self,
         started_at: datetime,

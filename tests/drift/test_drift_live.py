@@ -170,3 +170,23 @@ def test_service_rescans_only_when_the_last_scan_is_too_old(sim: Sim, store: Sql
     service.schedule(scheduler)
     job = scheduler.get_job("drift")
     assert job is not None and job.trigger.interval == timedelta(minutes=10)
+
+
+def test_a_drifted_host_that_is_not_a_slurm_node_is_reported_not_drained(
+    sim: Sim, store: SqlStore, slurm_conf: str
+) -> None:
+    """A finding for a host Slurm does not know (a typo in [drift.nodes], a retired
+    node): reported as a finding and as a failed action (warning + event), never a
+    drain, and ``b300ctl drift`` shows it."""
+    names = {"gpu01": "good1", "gpu02": "good2", "notslurm9": "good3"}
+    cfg = drift_config(sim, {n: sim.port(s) for n, s in names.items()})
+    sim.nodes["good3"].set_nccl("2.21.5")
+    try:
+        result = scanner(cfg, store, slurm_conf).scan(None, T0)
+    finally:
+        sim.nodes["good3"].set_nccl("2.23.4")
+    assert [(f.node, f.probe) for f in result.findings] == [("notslurm9", "nccl")]
+    assert result.drained == ()
+    assert any("notslurm9" in e and "not a Slurm node" in e for e in result.errors), result.errors
+    failed = store.events(kinds=["drift.action_failed"])
+    assert [(e.node, "not a Slurm node" in e.data["error"]) for e in failed] == [("notslurm9", True)]
