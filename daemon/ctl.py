@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -108,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader left (b300ctl drift | head): stop quietly, and keep Python's
+        # own flush at exit from failing on the same pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 def _open_store(cfg: Config) -> Store:
@@ -147,6 +154,7 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
         if args.run:
             return _status_one(store, args.run, args.json, cfg.state_dir)
         note = _accounting_note(store)
+        daemon_line = _daemon_line(cfg, store)
         runs = store.list_runs()
         if not args.all:
             runs = [r for r in runs if not r.state.is_terminal] or runs[:20]
@@ -169,7 +177,28 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     print_table(table)
     if note:
         print(f"\n{note}")
+    print(f"\n{daemon_line}")
     return 0
+
+
+def _daemon_line(cfg: Config, store: Store) -> str:
+    """Which daemon is active (from the lease row), and what this host's b300d is."""
+    from .control import call_daemon
+    from .errors import DaemonUnavailableError
+
+    try:
+        reply = call_daemon(cfg.socket, {"op": "ping"}, timeout=2)
+        local = reply.get("result") or {}
+        here = f"this host's b300d: {local.get('role', 'active')} (pid {local.get('pid')})"
+    except DaemonUnavailableError:
+        here = "this host's b300d: not running"
+    lease = store.daemon_lease(cfg.lease_name)
+    if lease is None:
+        return f"active daemon: none yet; {here}"
+    if not lease["live"]:
+        return f"active daemon: none (the lease expired at {lease['expires_at'][:19]}Z); {here}"
+    return (f"active daemon: {lease['host']} pid {lease['pid']} epoch {lease['epoch']} "
+            f"since {lease['since'][:19]}Z; {here}")
 
 
 def _accounting_note(store: Store) -> str | None:

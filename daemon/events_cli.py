@@ -48,7 +48,8 @@ def add_events_command(add: Callable[..., argparse.ArgumentParser]) -> None:
 
 def event_to_dict(e: Event) -> dict[str, Any]:
     return {"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "run_id": e.run_id,
-            "attempt_id": e.attempt_id, "node": e.node, "actor": e.actor, "data": e.data}
+            "attempt_id": e.attempt_id, "node": e.node, "actor": e.actor, "data": e.data,
+            "daemon": e.daemon}
 
 
 def _matches(kinds: list[str] | None, kind: str) -> bool:

@@ -22,6 +22,7 @@ class CycleSnapshot:
     last_duration_s: float | None
     last_end_unix: float | None
     running_for_s: float | None
+    overruns_total: int = 0
 
 
 class CycleHealth:
@@ -37,6 +38,12 @@ class CycleHealth:
         self._failures = 0
         self._last_duration: float | None = None
         self._last_end: float | None = None
+        self._overruns = 0
+
+    def overran(self) -> None:
+        """A cycle outlived its interval (counted once per overrunning cycle)."""
+        with self._lock:
+            self._overruns += 1
 
     def begin(self) -> None:
         with self._lock:
@@ -55,7 +62,7 @@ class CycleHealth:
         with self._lock:
             running = None if self._started is None else self._clock() - self._started
             return CycleSnapshot(self._cycles, self._failures, self._last_duration,
-                                 self._last_end, running)
+                                 self._last_end, running, self._overruns)
 
     def stuck(self, stuck_after_s: float) -> bool:
         running = self.snapshot().running_for_s

@@ -296,6 +296,14 @@ class Store(Protocol):
         """Every known node, by name."""
         ...
 
+    #: Stamped on every event appended from now on (the active daemon's identity).
+    daemon_identity: str | None
+
+    def daemon_lease(self, name: str) -> dict[str, Any] | None:
+        """The HA lease ``name``: holder, host, pid, epoch, since, renewed_at,
+        expires_at and ``live`` (unexpired by the database's clock); None if never held."""
+        ...
+
     def close(self) -> None: ...
 
 

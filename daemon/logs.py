@@ -31,3 +31,10 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+    # APScheduler's own line for a skipped cycle: b300d logs cycle.overrun instead.
+    logging.getLogger("apscheduler.scheduler").addFilter(_SkippedRunFilter())
+
+
+class _SkippedRunFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances" not in record.getMessage()

@@ -96,6 +96,8 @@ def render_metrics(m: MetricsSnapshot) -> str:
     c = m.cycle
     metric("b300_cycles_total", "counter", "poll cycles run", [("", c.cycles_total)])
     metric("b300_cycle_failures_total", "counter", "poll cycles that failed", [("", c.failures_total)])
+    metric("b300_cycle_overruns_total", "counter", "poll cycles that outlived the poll interval",
+           [("", c.overruns_total)])
     if c.last_duration_s is not None:
         metric("b300_cycle_duration_seconds", "gauge", "wall time of the last poll cycle",
                [("", round(c.last_duration_s, 6))])

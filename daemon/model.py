@@ -198,6 +198,7 @@ class Event:
     node: str | None = None
     actor: str = "daemon"
     data: dict[str, Any] = field(default_factory=dict)
+    daemon: str | None = None  # the daemon (identity and lease epoch) that appended it
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import __version__
@@ -118,6 +119,7 @@ class Daemon:
             action_lock=self._lock, stopping=lambda: self._stop.is_set(), fence=self.fence.check)
         self._stop = threading.Event()
         self._failures = 0
+        self._overrun_logged = -60.0
         self._skip_until = 0.0
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._server: ControlServer | None = None
@@ -157,12 +159,32 @@ class Daemon:
                 log.exception("cycle.crashed")
                 return
             self.health.end(ok=True)
+        self._check_overrun(report.wall_s)
         if self._failures:
             log.info("cycle.recovered", after_failures=self._failures)
         self._failures = 0
         log.debug("cycle.done", tracked=report.tracked, changed=report.changed,
                   slurm_calls=report.slurm_calls, wall_s=round(report.wall_s, 3),
                   errors=report.errors or None)
+
+    def _check_overrun(self, wall_s: float) -> None:
+        interval = self.config.poll_interval_s
+        if wall_s > interval:
+            self.health.overran()
+            log.warning("cycle.overran", wall_s=round(wall_s, 3), interval_s=interval,
+                        why="the poll cycle took longer than poll_interval; cycles were skipped")
+
+    def _cycle_still_running(self, event: Any) -> None:
+        """APScheduler skipped a cycle because the last one still runs: say so, once a minute."""
+        if getattr(event, "job_id", None) != "poll":
+            return
+        running = self.health.snapshot().running_for_s
+        now = time.monotonic()
+        if now - self._overrun_logged >= 60:
+            self._overrun_logged = now
+            log.warning("cycle.overrun", running_for_s=round(running or 0.0, 1),
+                        interval_s=self.config.poll_interval_s,
+                        why="the previous poll cycle is still running")
 
     def _renew_lease(self) -> bool:
         """Renew the lease at the start of a cycle; False: skip this cycle."""
@@ -189,8 +211,27 @@ class Daemon:
         self._stop.set()
 
     def _drifted_nodes(self) -> set[str]:
-        """Nodes with open drift findings (drain policy): no attempt may land there."""
-        return self.drift.scanner.store.open_drift_nodes() if self.drift is not None else set()
+        """Nodes with open drift findings (drain policy): no attempt may land there.
+
+        Only Slurm's own nodes: a finding for a host that is not one (a typo in
+        [drift.nodes], a retired node) is reported, never put in an exclude list,
+        where sbatch would refuse the whole job ("Invalid node name")."""
+        if self.drift is None:
+            return set()
+        drifted = self.drift.scanner.store.open_drift_nodes()
+        if not drifted:
+            return set()
+        known = {n.name for n in self.store.list_nodes()}
+        if not known:
+            try:
+                known = {n.name for n in self.slurm.nodes()}
+            except SlurmError:
+                known = set()
+        outside = drifted - known
+        if outside:
+            log.warning("drift.not_a_slurm_node", nodes=sorted(outside),
+                        action="reported, not excluded (sbatch would refuse the job)")
+        return drifted & known
 
     def wake(self) -> None:
         """Run a cycle soon (after a change made through the control socket)."""
@@ -365,6 +406,7 @@ class Daemon:
         self._scheduler.add_job(self.checkpoint_upkeep.run_once, "interval", id="checkpoint-upkeep",
                                 seconds=self.config.checkpoints.maintain_interval_s,
                                 max_instances=1, coalesce=True)
+        self._scheduler.add_listener(self._cycle_still_running, EVENT_JOB_MAX_INSTANCES)
         self._scheduler.start()
         self.ops.start(self._scheduler, sd_notify)
         self._arm_node_trigger()
@@ -420,6 +462,7 @@ class Daemon:
             data["old_released"] = (prev.expires_at - prev.renewed_at).total_seconds() \
                 < lease.ttl_s - 0.5
         kind = "ha.failover" if prev is not None else "ha.acquired"
+        self.store.daemon_identity = f"{lease.identity} e{lease.epoch}"
         try:
             self.store.append_events([NewEvent(kind, data=data)], self.clock())
         except StoreError as exc:

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -61,6 +61,9 @@ class SqlStore:
         self._engine = engine
         self._writer = engine.execution_options(**{WRITE_OPTION: True})
         self._url = engine.url
+        #: Stamped on every event appended through this store (the daemon sets it
+        #: to its identity and lease epoch once active).
+        self.daemon_identity: str | None = None
 
     @property
     def url(self) -> str:
@@ -375,6 +378,28 @@ class SqlStore:
             rows = session.exec(select(NodeRow).order_by(col(NodeRow.name))).all()
             return [to_node(row) for row in rows]
 
+    # -- high availability --------------------------------------------------
+
+    def daemon_lease(self, name: str) -> dict[str, Any] | None:
+        """The lease row of ``name`` (holder, host, pid, epoch, since, expires_at) and
+        ``live``: unexpired by the database's clock. None if no daemon ever held it."""
+        from .lease_tables import LeaseRow
+
+        with self._read() as session:
+            row = session.get(LeaseRow, name)
+            if row is None:
+                return None
+            if session.get_bind().dialect.name == "postgresql":
+                db_now = session.exec(select(func.clock_timestamp())).one()
+            else:
+                db_now = datetime.now(UTC)
+            expires = _as_utc(row.expires_at)
+            return {"holder": row.holder, "host": row.host, "pid": row.pid, "epoch": row.epoch,
+                    "since": _as_utc(row.acquired_at).isoformat(),
+                    "renewed_at": _as_utc(row.renewed_at).isoformat(),
+                    "expires_at": expires.isoformat(),
+                    "live": bool(row.holder) and expires > _as_utc(db_now)}
+
     # -- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
@@ -434,6 +459,7 @@ class SqlStore:
                 node=ev.node,
                 actor=ev.actor,
                 data=json.dumps(ev.data, sort_keys=True),
+                daemon=self.daemon_identity,
             )
             for ev in events
         ]
@@ -464,6 +490,10 @@ def _attempt_counts(session: Session, run_id: str | None = None) -> dict[str, in
     if run_id is not None:
         query = query.where(col(AttemptRow.run_id) == run_id)
     return {rid: count for rid, count in session.exec(query).all()}
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _require_aware(*times: datetime | None) -> None:

@@ -237,6 +237,7 @@ def to_event(row: EventRow) -> Event:
         node=row.node,
         actor=row.actor,
         data=json.loads(row.data),
+        daemon=row.daemon,
     )
 
 

@@ -211,9 +211,23 @@ def test_kill_9_of_the_active(tmp_path: Path, slurm_conf: str, pg_url: str,
     assert failover.data["new"] == _ping(b)["identity"]
     assert failover.data["epoch"] == failover.data["old_epoch"] + 1
     assert failover.data["old_released"] is False
+    # Events carry the acting daemon's identity and epoch.
+    assert failover.daemon == f"{failover.data['new']} e{failover.data['epoch']}"
+    b_pid = _ping(b)["pid"]
+    shown = b.ctl_raw("status")
+    assert shown.returncode == 0, shown.stderr
+    assert f"pid {b_pid} epoch {failover.data['epoch']}" in shown.stdout
+    assert "this host's b300d: active" in shown.stdout
     # The old active comes back as the standby.
     a.start(wait=False)
     wait_for(lambda: _role(a) == "standby", 60, "b300d A to come back as the standby")
+    # The standby answers b300ctl status too, naming the active daemon.
+    shown = a.ctl_raw("status")
+    assert shown.returncode == 0, shown.stderr
+    assert f"pid {b_pid} epoch {failover.data['epoch']}" in shown.stdout
+    assert "this host's b300d: standby" in shown.stdout
+    refused = a.ctl_raw("cancel", run_id)
+    assert refused.returncode == 5 and "standby, not active" in refused.stderr, refused.stderr
 
 
 def test_sigstop_of_the_active_for_twice_the_ttl(tmp_path: Path, slurm_conf: str, pg_url: str,
