@@ -385,6 +385,20 @@ class RemoteHasher(Protocol):
 
 
 @runtime_checkable
+class SentDigests(Protocol):
+    """A replication target that hashes each file while it copies it (optional).
+
+    ``sent_sha256`` returns, and forgets, the hex digests of files ``put_file``
+    wrote in this process, taken from the bytes as the target holds them, for
+    files unchanged since; the replication then verifies those without reading
+    them back. Files it does not know (copied by an earlier process, changed since)
+    are absent and get verified the ordinary way.
+    """
+
+    def sent_sha256(self, replica: str, rels: Sequence[str]) -> dict[str, str]: ...
+
+
+@runtime_checkable
 class ReplicaLister(Protocol):
     """A replication target that can list every replica directory it holds, with a
     record or not (optional beside :class:`ReplicationTarget`).

@@ -7,8 +7,10 @@ of them the same way:
 1. files the target already holds at the right size are skipped; a partial
    file left by an interrupted copy is continued from where it stopped;
 2. the rest are sent by ``concurrency`` threads, all under one bandwidth limit;
-3. every file is read back from the target and hashed against the manifest;
-   a file that differs is sent again in full, once;
+3. every file is checked against the manifest's sha256: by the digest the
+   target took of the bytes it wrote while copying (:class:`SentDigests`), else
+   by the target hashing it where it is stored (:class:`RemoteHasher`), else by
+   reading it back; a file that differs is sent again in full, once;
 4. only then the replica record (manifest + step + time) is written, last, so a
    replica without a record is never taken for a complete one.
 """
@@ -32,7 +34,7 @@ import structlog
 
 from ..errors import UsageError
 from ..faults import crashpoint
-from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget
+from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget, SentDigests
 from ..model import CheckpointInfo
 from .manifest import Manifest, ManifestEntry, write_manifest
 
@@ -149,11 +151,11 @@ def replicate(
     skipped = len(manifest.files) - len(todo)
     sent = _send(ckpt.path, name, todo, target, remote, concurrency, throttle)
     crashpoint("replica_sent")
-    bad = _verify_remote(name, manifest.files, target, concurrency)
+    bad = _verify_remote(name, manifest.files, target, concurrency, _sent_digests(target, name, todo))
     if bad:
         log.warning("replication.resend", target=target.name, replica=name, files=len(bad))
         sent += _send(ckpt.path, name, bad, target, {}, concurrency, throttle)
-        bad = _verify_remote(name, bad, target, concurrency)
+        bad = _verify_remote(name, bad, target, concurrency, _sent_digests(target, name, bad))
     if bad:
         problems = tuple(f"{e.rel!r} differs on {target.name} after copying it twice" for e in bad)
         return ReplicationResult(target.name, name, False, sent, len(todo), skipped, problems)
@@ -210,13 +212,21 @@ def _send(
         return sum(pool.map(one, ordered))
 
 
+def _sent_digests(target: ReplicationTarget, name: str, entries: Sequence[ManifestEntry]) -> dict[str, str]:
+    if not isinstance(target, SentDigests):
+        return {}
+    return target.sent_sha256(name, [e.rel for e in entries])
+
+
 def _verify_remote(
-    name: str, entries: Sequence[ManifestEntry], target: ReplicationTarget, concurrency: int
+    name: str, entries: Sequence[ManifestEntry], target: ReplicationTarget, concurrency: int,
+    known: Mapping[str, str] | None = None,
 ) -> list[ManifestEntry]:
-    hashed: dict[str, str] = {}
-    if isinstance(target, RemoteHasher):
+    hashed: dict[str, str] = dict(known or {})
+    rest = [e.rel for e in entries if e.rel not in hashed]
+    if rest and isinstance(target, RemoteHasher):
         try:
-            hashed = target.sha256_files(name, [e.rel for e in entries])
+            hashed.update(target.sha256_files(name, rest))
         except Exception as exc:  # fall back to reading everything back
             log.warning("replication.remote_hash_failed", target=target.name,
                         error=f"{type(exc).__name__}: {exc}")

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from typing import Any
 
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest, verify
-from b300.checkpoints.replicate import load_target, replicate, verify_replica
+from b300.checkpoints.replicate import load_target, replicate
 from b300.checkpoints.retention import CheckpointState, RetentionPolicy, plan_prune
 
 MIB = 1 << 20
@@ -101,16 +102,6 @@ def _start_sshd(work: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     return proc, opts
 
 
-def _rsync(src: Path, dest: str, ssh: dict[str, Any] | None) -> float:
-    argv = ["rsync", "-a", "--whole-file" if ssh is None else "--no-whole-file"]
-    if ssh is not None:
-        argv += ["-e", f"ssh -p {ssh['port']} -i {ssh['key_filename']}"
-                 f" -o UserKnownHostsFile={ssh['known_hosts']} -o StrictHostKeyChecking=yes -o BatchMode=yes"]
-    argv += [f"{src}/", dest]
-    t, _ = _timed(lambda: subprocess.run(argv, check=True))
-    return t
-
-
 def _many(root: Path, checkpoints: int, files: int) -> None:
     now = datetime.now(UTC)
     for c in range(checkpoints):
@@ -131,6 +122,8 @@ def main() -> int:
     ap.add_argument("--small", type=int, default=2000)
     ap.add_argument("--small-kib", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3, help="runs of each copy (medians)")
+    ap.add_argument("--only", default="", help="comma-separated targets to time (filesystem,sftp,s3)")
     ap.add_argument("--many", type=int, default=1000, help="checkpoints of 100 files for the planning figures")
     args = ap.parse_args()
 
@@ -153,41 +146,78 @@ def main() -> int:
         (ck,) = load_layout("generic").list_checkpoints(str(src_root))
 
         sshd, ssh = _start_sshd(work)
-        results: dict[str, dict[str, float]] = {}
+        dest = f"{ssh['username']}@127.0.0.1"
+        ssh_opts = ["-i", ssh["key_filename"], "-o", f"UserKnownHostsFile={ssh['known_hosts']}",
+                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+        counter = iter(range(1_000_000))
 
-        local = load_target("filesystem", {"path": str(work / "dst-b300")})
-        t, r = _timed(lambda: replicate(ck, manifest, local, concurrency=args.concurrency))
-        assert r.ok, r.problems
-        tv, problems = _timed(lambda: verify_replica("step_1000", local, concurrency=args.concurrency))
-        assert not problems
-        results["local: b300 replicate (copy + verify)"] = {"s": t, "verify_s": tv}
-        (work / "dst-rsync").mkdir()
-        results["local: rsync -a"] = {"s": _rsync(ckpt_dir, str(work / "dst-rsync"), None)}
+        def b300(kind: str, opts: Callable[[Path], dict[str, Any]]) -> Callable[[Path], None]:
+            def run(out: Path) -> None:
+                target = load_target(kind, opts(out))
+                try:
+                    r = replicate(ck, manifest, target, concurrency=args.concurrency)
+                    assert r.ok and r.files_sent == files, r
+                finally:
+                    target.close()
+            return run
 
-        sftp = load_target("sftp", {**ssh, "path": str(work / "sftp-b300")})
-        try:
-            t, r = _timed(lambda: replicate(ck, manifest, sftp, concurrency=args.concurrency))
-            assert r.ok, r.problems
-            tv, problems = _timed(lambda: verify_replica("step_1000", sftp, concurrency=args.concurrency))
-            assert not problems
-        finally:
-            sftp.close()
-        results["sftp: b300 replicate (copy + verify)"] = {"s": t, "verify_s": tv}
-        (work / "sftp-rsync").mkdir()
-        results["ssh: rsync -a"] = {
-            "s": _rsync(ckpt_dir, f"{ssh['username']}@127.0.0.1:{work / 'sftp-rsync'}/", ssh)}
+        def tool(argv: Callable[[Path], list[str]], *, mkdir: bool = True) -> Callable[[Path], None]:
+            def run(out: Path) -> None:
+                if mkdir:
+                    out.mkdir()
+                subprocess.run(argv(out), check=True, stdout=subprocess.DEVNULL)
+            return run
+
+        def sync_after(run: Callable[[Path], None]) -> Callable[[Path], None]:
+            def both(out: Path) -> None:
+                run(out)
+                subprocess.run(["sync", "-f", str(out)], check=True)
+            return both
+
+        contenders: dict[str, list[tuple[str, Callable[[Path], None]]]] = {
+            "filesystem": [
+                ("b300 replicate (copy + verify)", b300("filesystem", lambda out: {"path": str(out)})),
+                ("rsync -a", tool(lambda out: ["rsync", "-a", f"{ckpt_dir}/", str(out)])),
+                ("cp -r", tool(lambda out: ["cp", "-r", str(ckpt_dir), str(out)], mkdir=False)),
+                # b300 makes the copy durable (one syncfs) before recording it; this is cp doing the same.
+                ("cp -r && sync -f (durable)", sync_after(
+                    tool(lambda out: ["cp", "-r", str(ckpt_dir), str(out)], mkdir=False))),
+            ],
+            "sftp": [
+                ("b300 replicate (copy + verify)", b300("sftp", lambda out: {**ssh, "path": str(out)})),
+                ("rsync -a -e ssh", tool(lambda out: [
+                    "rsync", "-a", "-e", " ".join(["ssh", "-p", str(ssh["port"]), *ssh_opts]),
+                    f"{ckpt_dir}/", f"{dest}:{out}/"])),
+                ("scp -r", tool(lambda out: ["scp", "-q", "-r", "-P", str(ssh["port"]), *ssh_opts,
+                                            str(ckpt_dir), f"{dest}:{out}/"])),
+            ],
+        }
+        results: dict[str, dict[str, list[float]]] = {}
+        for kind, entries in contenders.items():
+            if args.only and kind not in args.only.split(","):
+                continue
+            for _ in range(args.runs):
+                for label, run in entries:  # interleaved: load changes hit every tool alike
+                    out = work / f"out-{next(counter)}"
+                    os.sync()  # untimed: nobody pays for the previous run's writeback
+                    t, _ = _timed(lambda run=run, out=out: run(out))  # type: ignore[misc]
+                    results.setdefault(kind, {}).setdefault(label, []).append(t)
+                    shutil.rmtree(out, ignore_errors=True)
 
         print(f"\nreplicating one checkpoint: {gib:.2f} GiB in {files} files "
-              f"(concurrency {args.concurrency}); manifest (sha256) {figures['manifest_s']:.1f} s "
-              f"= {gib * 1024 / figures['manifest_s']:.0f} MiB/s")
-        for name, res in results.items():
-            rate = gib * 1024 / res["s"]
-            extra = (f"  (its verification alone: {res['verify_s']:.1f} s)"
-                     if "verify_s" in res else "")
-            print(f"  {name:<40} {res['s']:7.1f} s  {rate:7.0f} MiB/s{extra}")
-        figures["replication"] = results
-        for d in ("dst-b300", "dst-rsync", "sftp-b300", "sftp-rsync", "src"):
-            shutil.rmtree(work / d, ignore_errors=True)
+              f"(concurrency {args.concurrency}, {args.runs} runs each, interleaved, medians); "
+              f"manifest (sha256) {figures['manifest_s']:.1f} s "
+              f"= {gib * 1024 / figures['manifest_s']:.0f} MiB/s; load average {os.getloadavg()[0]:.1f}")
+        figures["replication"] = {}
+        for kind, by_tool in results.items():
+            ours = statistics.median(next(iter(by_tool.values())))
+            for label, times in by_tool.items():
+                med = statistics.median(times)
+                ratio = "" if med == ours else f"  b300 = {med / ours:.2f}x its throughput"
+                print(f"  {kind:<10} {label:<32} {med:7.2f} s  {gib * 1024 / med:7.0f} MiB/s"
+                      f"  (runs: {', '.join(f'{x:.1f}' for x in times)}){ratio}")
+                figures["replication"][f"{kind}: {label}"] = {"median_s": med, "runs_s": times}
+        shutil.rmtree(work / "src", ignore_errors=True)
 
         many = work / "many"
         many.mkdir()

@@ -232,3 +232,37 @@ def test_sftp_server_that_stops_answering_times_out(tmp_path: Path, sshd: SshSer
         assert again.stat_files("step_1") == {}
     finally:
         again.close()
+
+
+def test_filesystem_target_hashes_what_it_wrote_while_copying(tmp_path: Path) -> None:
+    ck, manifest = _checkpoint(tmp_path / "src", 11, big=9 << 20)  # several copy blocks
+    want = {e.rel: e.sha256 for e in manifest.files}
+    t = load_target("filesystem", {"path": str(tmp_path / "offsite")})
+    size = 9 << 20
+    assert t.put_file(f"{ck.path}/big.bin", "step_11", "big.bin", size, 0, lambda n: None) == size
+    assert t.sent_sha256("step_11", ["big.bin"]) == {"big.bin": want["big.bin"]}  # type: ignore[attr-defined]
+    assert t.sent_sha256("step_11", ["big.bin"]) == {}  # type: ignore[attr-defined]  # taken once
+    # A partial copy is continued; the digest still covers the whole file.
+    part = tmp_path / "offsite" / "step_11" / "big.bin.b300part"
+    part.write_bytes((Path(ck.path) / "big.bin").read_bytes()[: (5 << 20) + 1])
+    assert t.put_file(f"{ck.path}/big.bin", "step_11", "big.bin", size, (5 << 20) + 1,
+                      lambda n: None) == size - (5 << 20) - 1
+    assert t.sent_sha256("step_11", ["big.bin"]) == {"big.bin": want["big.bin"]}  # type: ignore[attr-defined]
+    # A file changed after its copy is not vouched for (it gets read back instead).
+    t.put_file(f"{ck.path}/big.bin", "step_11", "big.bin", size, 0, lambda n: None)
+    copy = tmp_path / "offsite" / "step_11" / "big.bin"
+    copy.write_bytes(b"\0" * size)
+    assert t.sent_sha256("step_11", ["big.bin"]) == {}  # type: ignore[attr-defined]
+
+
+def test_files_a_crashed_process_copied_are_read_back_not_trusted(tmp_path: Path) -> None:
+    ck, manifest = _checkpoint(tmp_path / "src", 12)
+    first = load_target("filesystem", {"path": str(tmp_path / "offsite")})
+    for e in manifest.files:  # an earlier process copied everything, then died before verifying
+        first.put_file(f"{ck.path}/{e.rel}", "step_12", e.rel, e.size, 0, lambda n: None)
+    shard = tmp_path / "offsite" / "step_12" / "shards" / "__2_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # torn by the crash: right size, wrong bytes
+    after = load_target("filesystem", {"path": str(tmp_path / "offsite")})
+    result = replicate(ck, manifest, after)
+    assert result.ok and result.files_sent == 0 and result.bytes_sent == shard.stat().st_size
+    assert verify_replica("step_12", after) == ()
