@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,10 @@ def test_ready_watchdog_stopping_arrive_on_a_real_notify_socket(tmp_path: Path, 
         handle.cleanup()
 
 
+def _ts(record: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(record["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
 def _log_records(path: Path) -> list[dict[str, object]]:
     out = []
     for line in path.read_text().splitlines():
@@ -106,10 +111,14 @@ def test_sighup_refuses_a_broken_config_and_applies_a_valid_one(tmp_path: Path, 
                                      if r.get("event") == "config.reloaded"], 20, "config.reloaded")
         assert reloaded[0]["changed"] == ["poll_interval_s"]
         assert reloaded[0]["needs_restart"] == ["submit_grace_s"]
-        cycles_before = sum(r.get("event") == "cycle.done" for r in _log_records(handle.log))
-        time.sleep(3)  # at 0.5 s this would be ~6 cycles; at 4 s at most one
-        cycles_after = sum(r.get("event") == "cycle.done" for r in _log_records(handle.log))
-        assert cycles_after - cycles_before <= 1
+        # The new interval, read off the cycles that follow the reload (awaited, not slept):
+        # at 0.5 s they would come ~0.5 s apart, at 4 s they are about 4 s apart.
+        seen = len(_log_records(handle.log))
+        cycles = wait_for(lambda: (c := [r for r in _log_records(handle.log)[seen:]
+                                        if r.get("event") == "cycle.done"])[2:] and c, 40,
+                          "three cycles after the reload")
+        gap = _ts(cycles[2]) - _ts(cycles[1])
+        assert gap >= 3.5, gap
         store = open_store(handle.database_url)
         try:
             kinds = [e.kind for e in store.events(kinds=["config.refused", "config.reloaded"])]

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -68,7 +69,9 @@ def main() -> int:
     resume = os.environ.get("B300_RESUME_FROM", "")
     run_dir = ckpt_root.parent
     first = attempt == 1
-    port = 21000 + job_id % 20000
+    # Several local clusters on one machine reuse the same job ids: the cluster's name
+    # keeps their rendezvous ports apart.
+    port = 21000 + (job_id + zlib.crc32(os.environ.get("SLURM_CLUSTER_NAME", "").encode())) % 20000
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(seconds=600))
