@@ -2,13 +2,16 @@
 """Benchmark: checkpoint replication, manifests, verification and prune planning.
 
     python tests/bench/bench_checkpoints.py [--large-mib 512] [--large 3] [--small 2000] [--small-kib 256]
+        [--runs 3] [--only filesystem,sftp]
 
 1. Writes one checkpoint under /var/tmp (default ~2 GiB: 3 x 512 MiB files plus
    2,000 x 256 KiB shards) and times its sha256 manifest.
-2. Replicates it with b300's ``replicate`` (copy + full read-back verification) to a
-   local path and over SFTP to an sshd of its own on 127.0.0.1, and copies it with
-   ``rsync -a`` to the same kind of targets (local path; over ssh to the same sshd),
-   in the same run. The source is in the page cache for every tool alike.
+2. Copies it, ``--runs`` times each, interleaved, with b300's ``replicate`` (end to end:
+   copy + verification against the manifest) and the obvious alternatives on the same
+   data: to a local path vs ``rsync -a``, ``cp -r`` and ``cp -r && sync -f``; over SSH to
+   an sshd of its own on 127.0.0.1 vs ``rsync -a -e ssh`` and ``scp -r``. Prints medians
+   and b300's throughput as a ratio of each. The source is in the page cache for every
+   tool alike; ``sync`` runs (untimed) before each copy.
 3. Builds 1,000 checkpoints of 100 files (100,000 files), and times listing them
    (generic layout), verifying every manifest, and planning a prune over them.
 Removes everything it made (also on Ctrl-C). The last line of output is JSON.
@@ -123,7 +126,7 @@ def main() -> int:
     ap.add_argument("--small-kib", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3, help="runs of each copy (medians)")
-    ap.add_argument("--only", default="", help="comma-separated targets to time (filesystem,sftp,s3)")
+    ap.add_argument("--only", default="", help="comma-separated targets to time (filesystem,sftp)")
     ap.add_argument("--many", type=int, default=1000, help="checkpoints of 100 files for the planning figures")
     args = ap.parse_args()
 
