@@ -28,7 +28,7 @@ from .drift.cli import add_drift_commands, run_drift_command
 from .errors import B300Error, StoreError, one_line
 from .events_cli import add_events_command, run_events
 from .interfaces import Store
-from .model import Run
+from .model import Attempt, Run
 from .nodes_cli import add_node_commands, run_nodes, run_notify
 from .report.cli import add_report_command, run_report
 from .service import attempt_to_dict, run_to_dict
@@ -65,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run id")
     p.add_argument("--exclude", action="append", default=[], metavar="NODES",
                    help="nodes to keep the attempt off (hostlist, e.g. gpu[01-03]); repeatable")
-    p.add_argument("--from-checkpoint", metavar="PATH", help="checkpoint to resume from")
+    p.add_argument("--from-checkpoint", metavar="PATH",
+                   help="checkpoint to resume from (default: the newest verified one); it must "
+                        "be a complete checkpoint of the run's layout")
+    p.add_argument("--force", action="store_true",
+                   help="use --from-checkpoint PATH without verifying it (it must exist)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="start the new attempt without any checkpoint")
     p = add("cancel", help="cancel a run's active attempt")
     p.add_argument("run", help="run id")
     add_drift_commands(sub, [common])
@@ -130,8 +136,12 @@ def _mutate(cfg: Config, args: argparse.Namespace) -> int:
         _spec, text = load_spec_file(args.spec)
         request = {"op": "submit", "spec_toml": text, "where": args.spec}
     elif args.command == "resubmit":
+        if args.force and not args.from_checkpoint:
+            print("b300ctl: --force needs --from-checkpoint PATH", file=sys.stderr)
+            return 2
         request = {"op": "resubmit", "run_id": args.run, "exclude": args.exclude,
-                   "resume_from": args.from_checkpoint}
+                   "resume_from": args.from_checkpoint, "force": args.force,
+                   "from_scratch": args.from_scratch}
     else:
         request = {"op": "cancel", "run_id": args.run}
     code, result = ask_daemon(cfg.socket, request)
@@ -168,12 +178,14 @@ def _status(cfg: Config, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [["RUN", "NAME", "STATE", "ATT", "JOB", "NODES", "UPDATED"]]
+    table = [["RUN", "NAME", "STATE", "ATT", "JOB", "NODES", "UPDATED", "REASON"]]
     for r in rows:
         cur = r["current"] or {}
+        # Why a pending run waits (Resources, ReqNodeNotAvail, a hold) is what to look at.
+        reason = cur.get("reason") or "" if r["state"] in ("PENDING", "SUBMITTING") else ""
         table.append([r["id"], r["name"], r["state"], str(r["attempts"]),
                       str(cur.get("job_id") or "-"), _nodes(cur.get("nodes") or []),
-                      r["updated_at"][:19].replace("T", " ")])
+                      r["updated_at"][:19].replace("T", " "), reason])
     print_table(table)
     if note:
         print(f"\n{note}")
@@ -226,7 +238,11 @@ def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -
     note = _accounting_note(store)
     run = store.get_run(run_id)
     schedule = _schedule(store, run)
-    attempts = [attempt_to_dict(a) for a in store.attempts(run_id)]
+    stored = store.attempts(run_id)
+    attempts = [attempt_to_dict(a) for a in stored]
+    exclusions = _exclusions(store, stored[-1]) if stored else []
+    if attempts:
+        attempts[-1]["exclusions"] = exclusions
     events: list[dict[str, Any]] = [
         {"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor,
          "attempt_id": e.attempt_id, "data": e.data}
@@ -252,6 +268,9 @@ def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -
                       (a["start"] or "-")[:19].replace("T", " "),
                       (a["end"] or "-")[:19].replace("T", " "), a["reason"] or ""])
     print_table(table)
+    if exclusions:
+        print(f"\nexcluded nodes (attempt {attempts[-1]['number']}):")
+        print_table([[f"  {x['node']}", x["cause"], x["detail"], x["now"]] for x in exclusions])
     print("\nevents:")
     # Progress events (every few minutes) would crowd out the ones a person looks for.
     for e in [e for e in events if e["kind"] != "attempt.progress"][-50:]:
@@ -260,6 +279,29 @@ def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -
     if note:
         print(f"\n{note}")
     return 0
+
+
+def _exclusions(store: Store, attempt: Attempt) -> list[dict[str, str]]:
+    """The attempt's exclusions, each with its cause and whether that still holds now."""
+    from .recovery.exclusions import holds
+    from .runs import attempt_exclusions
+
+    found = attempt_exclusions(store, attempt)
+    if not found:
+        return []
+    drift: set[str] = set()
+    try:
+        from .store.drift_store import DriftStore
+
+        drift = DriftStore(store).open_drift_nodes()  # type: ignore[arg-type]
+    except B300Error:
+        pass
+    nodes_now = {n.name: n for n in store.list_nodes()}
+    out = []
+    for ex in found:
+        why = holds(ex, nodes_now, drift, ())
+        out.append({**ex.to_dict(), "now": f"holds: {why}" if why else "ended: healthy again"})
+    return out
 
 
 def _nodes(nodes: list[str]) -> str:

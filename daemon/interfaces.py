@@ -86,6 +86,11 @@ class SlurmClient(Protocol):
         """Every node of the cluster with its state and reason (one sinfo call)."""
         ...
 
+    def partition_nodes(self, partition: str | None) -> list[str]:
+        """Every node of ``partition`` (``None``: the default partition), whatever its
+        state (one sinfo call)."""
+        ...
+
     def drain_node(self, node: str, reason: str) -> None:
         """Set ``node`` to DRAIN with ``reason`` (shown by ``sinfo -R``)."""
         ...
@@ -173,6 +178,24 @@ class NewEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptUpdate:
+    """One attempt's change within a batch (:meth:`Store.update_attempts`); ``None``
+    leaves a field as it is. ``run_state``: the state the attempt's run takes now
+    (recorded with a ``run.state`` event only when it differs)."""
+
+    attempt_id: int
+    state: AttemptState | None = None
+    nodes: Sequence[str] | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    events: Sequence[NewEvent] = ()
+    run_state: RunState | None = None
+
+
 class Store(Protocol):
     """The daemon's durable state: runs, their attempts, nodes, and the event log.
 
@@ -234,6 +257,7 @@ class Store(Protocol):
         *,
         state: AttemptState | None = None,
         nodes: Sequence[str] | None = None,
+        excluded_nodes: Sequence[str] | None = None,
         reason: str | None = None,
         exit_code: int | None = None,
         signal: int | None = None,
@@ -248,6 +272,11 @@ class Store(Protocol):
         ``outcome`` is recovery's classification of the attempt's end and
         ``evidence`` (JSON-able) what it was based on.
         """
+        ...
+
+    def update_attempts(self, updates: Sequence[AttemptUpdate], now: datetime) -> list[Attempt]:
+        """Apply every update, and the run states they bring, in ONE transaction (a
+        poll cycle's changes); the updated attempts in the order given."""
         ...
 
     def get_attempt(self, attempt_id: int) -> Attempt: ...

@@ -22,6 +22,7 @@ from .errors import SlurmError, UsageError
 from .faults import crashpoint
 from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
+from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
 from .spec import JobSpec, parse_spec
@@ -30,6 +31,17 @@ from .tracking import run_state_for
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
 _PATH_RE = re.compile(r"/[^\x00\n]{0,4000}")
+# sbatch's words when the partition has fewer nodes left than the job asks for.
+_NOT_AVAILABLE = "Requested node configuration is not available"
+
+
+def attempt_exclusions(store: Store, attempt: Attempt) -> list[Exclusion]:
+    """The attempt's exclusions with their causes, read from its latest ``attempt.intent``
+    or ``attempt.excluded`` event (b300ctl status shows them too)."""
+    found = [e for e in store.events(run_id=attempt.run_id,
+                                     kinds=["attempt.intent", "attempt.excluded"])
+             if e.attempt_id == attempt.id]
+    return exclusions_of(found[-1].data if found else {}, attempt.excluded_nodes)
 
 
 def new_run_id(name: str) -> str:
@@ -50,9 +62,12 @@ class RunService:
         submit_grace_s: float = 60.0,
         job_log_dir: str | None = None,
         avoid_nodes: Callable[[], Iterable[str]] | None = None,
+        black_holes: Callable[[], Iterable[str]] | None = None,
     ) -> None:
-        # avoid_nodes: nodes no new attempt may land on (open drift findings).
+        # avoid_nodes: nodes no new attempt may land on (open drift findings);
+        # black_holes: nodes inside the black-hole window now.
         self._avoid = avoid_nodes or (lambda: ())
+        self._black_holes = black_holes or (lambda: ())
         self._store = store
         self._log_dir = job_log_dir
         self._slurm = slurm
@@ -66,10 +81,13 @@ class RunService:
         self._store.create_run(run_id, spec.name, spec_toml, now, events=[
             NewEvent("run.created", run_id=run_id, actor=actor, data={"name": spec.name}),
         ])
-        avoid = sorted(set(self._avoid()))
-        attempt = self._store.begin_attempt(run_id, now, excluded_nodes=avoid, events=[
+        plan = self.plan_exclusions(spec, [Exclusion(n, "drift", "open drift finding")
+                                           for n in self._avoid()])
+        attempt = self._store.begin_attempt(run_id, now, excluded_nodes=plan.nodes, events=[
             NewEvent("attempt.intent", run_id=run_id, actor=actor,
-                     data={"number": 1, "exclude": avoid}),
+                     data={"number": 1, "exclude": plan.nodes,
+                           "exclusions": [e.to_dict() for e in plan.kept]}),
+            *self._plan_events(run_id, plan, actor),
         ])
         self._sbatch(attempt, spec)
         return self._store.get_run(run_id)
@@ -81,10 +99,25 @@ class RunService:
         actor: str,
         exclude: Sequence[str] = (),
         resume_from: str | None = None,
+        force: bool = False,
+        from_scratch: bool = False,
+        failed: Sequence[Exclusion] = (),
+        checked: Sequence[dict[str, object]] | None = None,
     ) -> Run:
-        """Submit a new attempt of an existing run that has no active attempt."""
+        """Submit a new attempt of an existing run that has no active attempt.
+
+        Without ``resume_from`` the attempt resumes from the run's newest verified
+        checkpoint (none with ``from_scratch``); a given ``resume_from`` must be a
+        complete checkpoint of the run's layout whose manifest, if any, verifies
+        (``force`` skips that, never the check that it exists). The previous
+        attempt's exclusions are kept while their cause holds, plus ``exclude``
+        (an operator's) and ``failed`` (recovery's suspects); see
+        :mod:`b300.recovery.exclusions`. ``checked``: the checkpoints the caller
+        already looked at to choose ``resume_from`` (for the event).
+        """
         run = self._store.get_run(run_id)
-        active = [a for a in self._store.attempts(run_id) if not a.state.is_terminal]
+        attempts = self._store.attempts(run_id)
+        active = [a for a in attempts if not a.state.is_terminal]
         if active:
             a = active[-1]
             raise UsageError(
@@ -97,20 +130,73 @@ class RunService:
                 nodes.extend(expand_nodes(item))
             except ValueError as exc:
                 raise UsageError(f"--exclude: {exc}") from None
+        if resume_from is not None and from_scratch:
+            raise UsageError("--from-checkpoint and --from-scratch exclude each other")
         if resume_from is not None and not _PATH_RE.fullmatch(resume_from):
             raise UsageError(f"--from-checkpoint must be an absolute path, got {resume_from!r}")
         spec = parse_spec(run.spec_toml, where=f"run {run_id}")
-        nodes.extend(self._avoid())
+        from .checkpoints.resume_point import check_resume_path, newest_verified
+
+        if resume_from is not None and checked is None:
+            check_resume_path(spec, run_id, resume_from, force=force)
+            chosen = "forced" if force else "given, verified"
+        elif resume_from is None and not from_scratch and checked is None:
+            resume_from, checked = newest_verified(spec)
+            chosen = "newest verified" if resume_from else "no complete checkpoint"
+        else:
+            chosen = "from scratch" if resume_from is None else "newest verified"
+        previous = self.attempt_exclusions(attempts[-1]) if attempts else []
+        plan = self.plan_exclusions(spec, [
+            *[Exclusion(n, "operator", f"--exclude by {actor}") for n in nodes],
+            *failed,
+            *[Exclusion(n, "drift", "open drift finding") for n in self._avoid()],
+            *previous,
+        ], fresh=[e.node for e in failed])
         now = self._clock()
+        data: dict[str, object] = {
+            "resubmit": True, "exclude": plan.nodes, "resume_from": resume_from,
+            "resume": chosen, "exclusions": [e.to_dict() for e in plan.kept]}
+        if checked:
+            data["checkpoints_checked"] = list(checked)
         attempt = self._store.begin_attempt(
-            run_id, now, excluded_nodes=sorted(set(nodes)), resume_from=resume_from, events=[
-                NewEvent("attempt.intent", run_id=run_id, actor=actor, data={
-                    "resubmit": True, "exclude": sorted(set(nodes)), "resume_from": resume_from,
-                }),
+            run_id, now, excluded_nodes=plan.nodes, resume_from=resume_from, events=[
+                NewEvent("attempt.intent", run_id=run_id, actor=actor, data=data),
+                *self._plan_events(run_id, plan, actor),
             ])
         self._set_run_state(run_id, attempt)
         self._sbatch(attempt, spec)
         return self._store.get_run(run_id)
+
+    def plan_exclusions(self, spec: JobSpec, candidates: Sequence[Exclusion],
+                        fresh: Sequence[str] = ()) -> ExclusionPlan:
+        """The candidates whose cause holds now, trimmed so that the run still fits its
+        partition. Only when there is anything to exclude: the nodes' states are read
+        afresh (a drain done moments ago counts) and the partition's nodes (two sinfo)."""
+        partition: list[str] | None = None
+        if candidates:
+            try:
+                self._store.sync_nodes(self._slurm.nodes(), self._clock())
+                partition = self._slurm.partition_nodes(spec.partition)
+            except SlurmError as exc:
+                log.warning("exclusions.nodes_unknown", error=str(exc))
+        return plan_exclusions(
+            candidates, nodes_now={n.name: n for n in self._store.list_nodes()},
+            drift=set(self._avoid()), black_holes=set(self._black_holes()),
+            partition_nodes=partition, needed=spec.nodes, fresh=fresh)
+
+    def attempt_exclusions(self, attempt: Attempt) -> list[Exclusion]:
+        """The attempt's exclusions with their causes (its latest ``attempt.intent`` or
+        ``attempt.excluded`` event)."""
+        return attempt_exclusions(self._store, attempt)
+
+    @staticmethod
+    def _plan_events(run_id: str, plan: ExclusionPlan, actor: str) -> list[NewEvent]:
+        if not plan.dropped:
+            return []
+        return [NewEvent(
+            "exclusions.trimmed" if plan.trimmed else "exclusions.ended", run_id=run_id,
+            actor=actor, data={"dropped": [{**e.to_dict(), "why": why} for e, why in plan.dropped],
+                               "kept": plan.nodes})]
 
     def cancel(self, run_id: str, *, actor: str) -> Run:
         """Cancel the run's active attempt; the tracker records how it ends."""
@@ -187,6 +273,17 @@ class RunService:
                     data={"error": str(exc)})], now)
                 log.warning("attempt.submit_deferred", run=attempt.run_id, error=str(exc))
                 return attempt
+            if (_NOT_AVAILABLE in str(exc) and attempt.excluded_nodes
+                    and attempt.state is AttemptState.SUBMITTING):
+                # Exclusions must never be what makes a run fail: Slurm skips bad nodes
+                # anyway, so submit without them and let the job wait for nodes instead.
+                attempt = self._store.update_attempt(
+                    attempt.id, now, excluded_nodes=(), events=[NewEvent(
+                        "exclusions.trimmed", run_id=attempt.run_id, attempt_id=attempt.id,
+                        data={"why": str(exc)[:300], "kept": [], "dropped": [
+                            {"node": n, "why": "Slurm refused the job with it excluded"}
+                            for n in attempt.excluded_nodes]})])
+                return self._sbatch(attempt, spec)
             failed = self._store.update_attempt(
                 attempt.id, now, state=AttemptState.ABANDONED, reason=str(exc)[:500],
                 events=[NewEvent("attempt.submit_refused", run_id=attempt.run_id,

@@ -101,7 +101,8 @@ class Daemon:
         self._lock = threading.Lock()
         self.drift = make_drift_service(config.drift, store, slurm, self._lock, self.clock)
         self.runs = RunService(store, slurm, self.clock, submit_grace_s=config.submit_grace_s,
-                               job_log_dir=config.job_log_dir, avoid_nodes=self._drifted_nodes)
+                               job_log_dir=config.job_log_dir, avoid_nodes=self._drifted_nodes,
+                               black_holes=self._black_hole_nodes)
         self.recovery = (
             RecoveryService(store, slurm, self.runs, self.clock, config.recovery,
                             job_log_dir=config.job_log_dir)
@@ -209,6 +210,9 @@ class Daemon:
                       action="stopping; systemd restarts us as a standby")
         self.exit_code = 75
         self._stop.set()
+
+    def _black_hole_nodes(self) -> set[str]:
+        return self.recovery.black_hole_nodes() if self.recovery is not None else set()
 
     def _drifted_nodes(self) -> set[str]:
         """Nodes with open drift findings (drain policy): no attempt may land there.
@@ -378,7 +382,9 @@ class Daemon:
                     raise UsageError("exclude must be a list of node names")
                 if resume is not None and not isinstance(resume, str):
                     raise UsageError("resume_from must be a path")
-                run = self.runs.resubmit(run_id, actor=actor, exclude=exclude, resume_from=resume)
+                run = self.runs.resubmit(run_id, actor=actor, exclude=exclude, resume_from=resume,
+                                         force=request.get("force") is True,
+                                         from_scratch=request.get("from_scratch") is True)
         return {"run": run_to_dict(run),
                 "attempts": [attempt_to_dict(a) for a in self.store.attempts(run.id)]}
 

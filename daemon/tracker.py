@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import structlog
 
 from .errors import SlurmError
-from .interfaces import NewEvent, SlurmClient, Store
+from .interfaces import AttemptUpdate, NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, JobObservation, RunState
 from .recovery.service import RecoveryService
 from .runs import RunService
-from .tracking import observe_attempt, run_state_for
+from .tracking import AttemptChange, observe_attempt, run_state_for
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -112,9 +112,10 @@ class JobTracker:
                 else:
                     self._accounting_answered()
             now = self._clock()
-            for job_id, attempt in tracked.items():
-                if self._apply(attempt, live.get(job_id), accounted.get(job_id), now):
-                    report.changed += 1
+            changes = [(attempt, change) for job_id, attempt in tracked.items()
+                       if (change := self._observe(attempt, live.get(job_id),
+                                                   accounted.get(job_id), now)) is not None]
+            report.changed += self._record(changes, now)
         if self._recovery is not None:
             try:
                 self._recovery.check_hangs()
@@ -166,10 +167,10 @@ class JobTracker:
         log.info(ACCOUNTING_UP, down_for_s=down_for, failures=acc.failures_total)
         self._accounting = AccountingHealth(True, acc.failures_total)
 
-    def _apply(
+    def _observe(
         self, attempt: Attempt, live: JobObservation | None, accounted: JobObservation | None,
         now: datetime,
-    ) -> bool:
+    ) -> AttemptChange | None:
         # A job id Slurm reused (controller state lost, or accounting rows from an
         # earlier cluster) is another job: only a record with our tag is ours.
         if live is not None and live.name != attempt.tag:
@@ -180,32 +181,33 @@ class JobTracker:
             accounted is None or not accounted.state.is_terminal
         ):
             self._terminal_since.setdefault(attempt.id, now)
-        change = observe_attempt(
+        return observe_attempt(
             attempt, live, accounted, terminal_since=self._terminal_since.get(attempt.id),
             now=now, accounting_grace_s=self._grace,
         )
-        if change is None:
-            return False
-        updated = self._store.update_attempt(
-            attempt.id, now, state=change.state, nodes=change.nodes, reason=change.reason,
-            exit_code=change.exit_code, signal=change.signal, start=change.start, end=change.end,
-            events=[change.event] if change.event else (),
-        )
-        if updated.state.is_terminal:
-            self._terminal_since.pop(attempt.id, None)
-        if (attempt.state is AttemptState.RUNNING and updated.state is AttemptState.PENDING
-                and self._recovery is not None):
-            # Slurm requeued the job itself: keep it, but off the nodes that failed it.
-            self._recovery.on_requeued(attempt, updated)
-        run = self._store.get_run(attempt.run_id)
-        state = run_state_for(updated)
-        if (updated.state.is_terminal and updated.state is not AttemptState.COMPLETED
-                and self._recovery is not None):
-            state = RunState.RECOVERING
-        if run.state != state:
-            self._store.set_run_state(run.id, state, now, events=[NewEvent(
-                "run.state", run_id=run.id, attempt_id=attempt.id,
-                data={"from": run.state.value, "to": state.value})])
-        log.info("attempt.changed", run=attempt.run_id, job_id=attempt.slurm_job_id,
-                 state=updated.state.value, nodes=",".join(updated.nodes))
-        return True
+
+    def _record(self, changes: list[tuple[Attempt, AttemptChange]], now: datetime) -> int:
+        """Write the cycle's changes in one transaction, then act on what they mean."""
+        updates = []
+        for attempt, change in changes:
+            state = run_state_for(replace(attempt, state=change.state))
+            if (change.state.is_terminal and change.state is not AttemptState.COMPLETED
+                    and self._recovery is not None):
+                state = RunState.RECOVERING
+            updates.append(AttemptUpdate(
+                attempt.id, state=change.state, nodes=change.nodes, reason=change.reason,
+                exit_code=change.exit_code, signal=change.signal, start=change.start,
+                end=change.end, events=[change.event] if change.event else (),
+                run_state=state))
+        done = self._store.update_attempts(updates, now)
+        for (attempt, change), updated in zip(changes, done, strict=True):
+            if updated.state.is_terminal:
+                self._terminal_since.pop(attempt.id, None)
+            if (attempt.state is AttemptState.RUNNING and updated.state is AttemptState.PENDING
+                    and self._recovery is not None):
+                # Slurm requeued the job itself: keep it, but off the nodes that failed it.
+                self._recovery.on_requeued(attempt, updated)
+            if change.event is not None:
+                log.info("attempt.changed", run=attempt.run_id, job_id=attempt.slurm_job_id,
+                         state=updated.state.value, nodes=",".join(updated.nodes))
+        return len(changes)

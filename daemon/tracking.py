@@ -92,11 +92,12 @@ def observe_attempt(
     end = obs.end if state.is_terminal else None
     exit_code = obs.exit_code if obs.exit_code is not None else attempt.exit_code
     signal = obs.signal if obs.signal is not None else attempt.signal
-    # A pending reason alone flips often (Priority <-> Resources) on a busy
-    # cluster; it is recorded with the next real change, not on its own.
-    if (state, nodes, start, end, exit_code, signal) == (
+    # A change of the reason alone (why a job waits: Resources, ReqNodeNotAvail, a
+    # hold) is recorded too, without an event: it flips often on a busy cluster, and
+    # the tracker writes a whole cycle's changes in one transaction.
+    if (state, nodes, start, end, exit_code, signal, obs.reason) == (
         attempt.state, attempt.nodes, attempt.start, attempt.end,
-        attempt.exit_code, attempt.signal,
+        attempt.exit_code, attempt.signal, attempt.reason,
     ):
         return None
     event = None

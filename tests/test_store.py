@@ -16,7 +16,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from b300.errors import ConfigError, NotFoundError, StoreError, UsageError
-from b300.interfaces import NewEvent, Store
+from b300.interfaces import AttemptUpdate, NewEvent, Store
 from b300.model import AttemptState, NodeObservation, RunState
 from b300.store import SqlStore, open_store
 from b300.store.tables import METADATA
@@ -213,6 +213,30 @@ def test_events_commit_with_their_change(store: SqlStore) -> None:
     assert events[0].data == {"a": 1, "b": 2}
     assert [e.ts for e in events] == [at(0), at(1), at(2)]
     assert events[0].id < events[1].id < events[2].id
+
+
+def test_a_cycles_attempt_updates_are_one_transaction(store: SqlStore) -> None:
+    ids = []
+    for name in ("u1", "u2"):
+        _new_run(store, name)
+        a = store.begin_attempt(name, at(1))
+        ids.append(store.confirm_attempt(a.id, 10 + len(ids), at(1)).id)
+    done = store.update_attempts([
+        AttemptUpdate(ids[0], reason="Resources"),   # a pending reason alone: no event
+        AttemptUpdate(ids[1], state=AttemptState.RUNNING, nodes=["gpu01"], start=at(2),
+                      events=[NewEvent("attempt.state")], run_state=RunState.RUNNING),
+    ], at(3))
+    assert [(a.reason, a.state) for a in done] == [("Resources", AttemptState.PENDING),
+                                                   ("", AttemptState.RUNNING)]
+    assert store.get_run("u2").state is RunState.RUNNING
+    kinds = [(e.kind, e.run_id, e.attempt_id) for e in store.events(after_id=0)
+             if e.ts == at(3)]
+    assert kinds == [("attempt.state", "u2", ids[1]), ("run.state", "u2", ids[1])]
+    # One failing update (an unknown attempt) leaves every other one unwritten.
+    with pytest.raises(NotFoundError):
+        store.update_attempts([AttemptUpdate(ids[0], reason="Priority"),
+                               AttemptUpdate(987654)], at(4))
+    assert store.get_attempt(ids[0]).reason == "Resources"
 
 
 def test_a_failing_change_leaves_no_event(store: SqlStore) -> None:

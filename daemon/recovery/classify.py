@@ -48,6 +48,15 @@ _INFRA_LOG = re.compile(
     r"NCCL communicator was aborted|ProcessGroupGloo.*(?:timed out|Connection)",
     re.IGNORECASE,
 )
+# A Python exception's last line ("RuntimeError: bad value"), with torch's "[rank1]: "
+# or srun's --label "1: " prefix.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\s*(?:\[rank\d+\]|\d+):\s*)?([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
+# Exceptions a rank raises because a peer went away, not because of its own code.
+_PEER_EXCEPTION = re.compile(r"Dist(?:Backend|Network|Store)Error|ChildFailedError|"
+                             r"Broken pipe|Socket Timeout|Connection refused", re.IGNORECASE)
+# srun's words about a task that ended: "srun: error: gpu01: task 1: Exited with exit code 1".
+_SRUN_TASK = re.compile(r"srun: error: (?:[\w.-]+: )?tasks? [\d,-]+: (.*)$")
 _NODE_IN_LOG = re.compile(r"(?:Node failure on|srun: error: Node failure on) ([A-Za-z0-9._-]+)")
 # Node states (sinfo, base state) that mean "this node is not healthy".
 _BAD_NODE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING",
@@ -93,10 +102,36 @@ def infra_log_lines(lines: Iterable[str], limit: int = 8) -> tuple[str, ...]:
     return tuple(found[:limit])
 
 
+def own_exception_lines(lines: Iterable[str], limit: int = 4) -> tuple[str, ...]:
+    """A rank's own exception: the last lines of Python tracebacks in the log that are
+    not a peer's connection error (the lines, at most ``limit``; empty without a traceback)."""
+    lines = list(lines)
+    if not any("Traceback (most recent call last)" in line for line in lines):
+        return ()
+    found = [line.strip()[:300] for line in lines
+             if _EXCEPTION_LINE.match(line) and not _INFRA_LOG.search(line)
+             and not _PEER_EXCEPTION.search(line)]
+    return tuple(found[:limit])
+
+
+def first_task_end(lines: Iterable[str]) -> str | None:
+    """What srun said of the first task that ended badly (``Exited with exit code 1``,
+    ``Killed``...), or ``None`` when it said nothing."""
+    for line in lines:
+        m = _SRUN_TASK.search(line)
+        if m:
+            return m.group(1).strip()
+    return None
+
+
 def node_is_bad(node: NodeRecord | None) -> bool:
     if node is None:
         return False
-    return node.state.upper() in _BAD_NODE_STATES or "NOT RESPONDING" in node.reason.upper()
+    return _bad(node.state, node.reason)
+
+
+def _bad(state: str, reason: str) -> bool:
+    return state.upper() in _BAD_NODE_STATES or "NOT RESPONDING" in reason.upper()
 
 
 def classify_end(
@@ -160,6 +195,16 @@ def classify_end(
                 why.append(f"ended {max(0.0, after):.0f} s after b300d sent {signal_sent.signal} "
                            f"(within signal_grace {signal_sent.grace_s:.0f} s): the daemon's doing")
                 return verdict(Outcome.SIGNALLED, True)
+        own = own_exception_lines(log_lines)
+        first = first_task_end(log_lines)
+        if own and (first is None or first.startswith("Exited with exit code")):
+            # A rank died of its own exception; its peers' "connection closed" follows from it.
+            why.append(f"a rank raised {own[0]!r}"
+                       + (f"; first failing task: {first}" if first else ""))
+            if attempt.exit_code is not None and attempt.exit_code in spec.retries.retryable_exit_codes:
+                why.append("exit code marked retryable in the spec")
+                return verdict(Outcome.RETRYABLE_EXIT, True)
+            return verdict(Outcome.JOB_ERROR, False)
         if infra_lines:
             waited = (now - (attempt.end or now)) / timedelta(seconds=1)
             if waited < settle_s:
@@ -190,16 +235,47 @@ class NodeStrikes:
     runs: tuple[str, ...] = field(default_factory=tuple)
 
 
+#: Strike outcomes that count toward the black-hole rule: failures classified as
+#: infrastructure (and Slurm's own requeue after a node failure). A hang, a job
+#: error or a cancel says nothing about the node.
+BLACK_HOLE_OUTCOMES = frozenset({Outcome.INFRA.value, "REQUEUED"})
+
+
+def last_returns(events: Iterable[Event]) -> dict[str, datetime]:
+    """When each node last returned to service: an operator's ``b300ctl nodes resume``
+    (``node.resumed``) or a change seen in sinfo from a bad state to a good one
+    (``node.state``; e.g. ``scontrol update state=resume``, or slurmd back up)."""
+    back: dict[str, datetime] = {}
+    for e in events:
+        if not e.node:
+            continue
+        if e.kind == "node.resumed" or (
+            e.kind == "node.state" and e.data.get("old_state") is not None
+            and _bad(str(e.data.get("old_state") or ""), str(e.data.get("old_reason") or ""))
+            and not _bad(str(e.data.get("state") or ""), str(e.data.get("reason") or ""))
+        ):
+            back[e.node] = max(back.get(e.node, e.ts), e.ts)
+    return back
+
+
 def black_holes(
-    strikes: Iterable[Event], policy: BlackHolePolicy, now: datetime
+    strikes: Iterable[Event], policy: BlackHolePolicy, now: datetime,
+    returned: Mapping[str, datetime] | None = None,
 ) -> list[NodeStrikes]:
-    """Nodes whose strike events (``node.failed``/``node.suspect``) in the window
-    come from at least ``policy.failures`` different runs."""
+    """Nodes whose infrastructure strikes (``node.failed``/``node.suspect`` with an
+    outcome in :data:`BLACK_HOLE_OUTCOMES`) in the window, and since the node last
+    returned to service (``returned``), come from at least ``policy.failures``
+    different runs."""
     since = now - timedelta(seconds=policy.window_s)
+    back = returned or {}
     by_node: dict[str, set[str]] = {}
     for e in strikes:
-        if e.node and e.ts >= since and e.kind in ("node.failed", "node.suspect"):
-            by_node.setdefault(e.node, set()).add(e.run_id or f"event-{e.id}")
+        if (not e.node or e.ts < since or e.kind not in ("node.failed", "node.suspect")
+                or e.data.get("outcome") not in BLACK_HOLE_OUTCOMES):
+            continue
+        if e.node in back and e.ts <= back[e.node]:
+            continue
+        by_node.setdefault(e.node, set()).add(e.run_id or f"event-{e.id}")
     return [NodeStrikes(node, tuple(sorted(runs))) for node, runs in sorted(by_node.items())
             if len(runs) >= policy.failures]
 

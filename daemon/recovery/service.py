@@ -33,14 +33,17 @@ from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, parse_spec
 from .classify import (
     BlackHolePolicy,
+    NodeStrikes,
     Outcome,
     SignalSent,
     Verdict,
     black_holes,
     classify_end,
+    last_returns,
     node_is_bad,
     retries_used,
 )
+from .exclusions import Exclusion
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -78,6 +81,9 @@ class RecoveryService:
         self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
         self._progress: dict[int, _Progress] = {}
         self._progress_recorded: dict[int, datetime] = {}
+        # Steps already in the event log per attempt (read once per attempt, so a
+        # restarted daemon does not record them again).
+        self._recorded_steps: dict[int, set[int]] = {}
         self._waiting: set[int] = set()
 
     def reconfigure(self, config: RecoveryConfig) -> None:
@@ -120,9 +126,11 @@ class RecoveryService:
             last = self._record_verdict(run, last, verdict, now)
             attempts[-1] = last
             crashpoint("recovery_classified")
-        self._drain(run, last, verdict.suspects, nodes_now, now)
-        self._drain_black_holes(run, nodes_now, now)
+        drained = self._drain(run, last, verdict.suspects, nodes_now, now)
         outcome = Outcome(last.outcome)
+        if outcome is Outcome.INFRA:
+            # Only an infrastructure failure says anything about the nodes it ran on.
+            self._drain_black_holes(run, last, nodes_now, drained, now)
         if not verdict.resubmit:
             state = _FINAL.get(outcome, RunState.FAILED)
             self._finish(run, state, f"{outcome.value}: not resubmitted", now)
@@ -136,15 +144,30 @@ class RecoveryService:
             self._finish(run, RunState.FAILED, f"infrastructure retry budget spent "
                          f"({spec.retries.infra})", now, alert=True)
             return True
-        resume, checked = self._resume_point(spec)
-        exclude = sorted(set(last.excluded_nodes) | set(verdict.suspects)
-                         | {n for n, rec in nodes_now.items() if node_is_bad(rec)})
+        from ..checkpoints.resume_point import newest_verified
+
+        resume, checked = newest_verified(spec)
+        failed = [Exclusion(n, "failed", f"failed attempt {last.number} (job "
+                            f"{last.slurm_job_id}, {outcome.value})") for n in verdict.suspects]
         self._store.append_events([NewEvent(
             "recovery.resubmit", run_id=run.id, attempt_id=last.id, actor="recovery",
-            data={"outcome": outcome.value, "resume_from": resume, "exclude": exclude,
-                  "checkpoints_checked": checked})], now)
-        self._runs.resubmit(run.id, actor="recovery", exclude=exclude, resume_from=resume)
+            data={"outcome": outcome.value, "resume_from": resume,
+                  "suspects": list(verdict.suspects), "checkpoints_checked": checked})], now)
+        self._runs.resubmit(run.id, actor="recovery", failed=failed, resume_from=resume,
+                            from_scratch=resume is None, checked=checked)
         return True
+
+    def black_hole_nodes(self) -> set[str]:
+        """Nodes inside the black-hole window now (counted since each one's last return)."""
+        return {h.node for h in self._black_holes(self._clock())}
+
+    def _black_holes(self, now: datetime) -> list[NodeStrikes]:
+        since = now - timedelta(seconds=self._blackhole.window_s)
+        strikes = self._store.events(kinds=["node.failed", "node.suspect"], since=since)
+        if not strikes:
+            return []
+        back = last_returns(self._store.events(kinds=["node.resumed", "node.state"], since=since))
+        return black_holes(strikes, self._blackhole, now, back)
 
     def _verdict(self, run: Run, last: Attempt, spec: JobSpec,
                  nodes_now: dict[str, NodeRecord], now: datetime) -> Verdict:
@@ -183,10 +206,16 @@ class RecoveryService:
                              data=verdict.evidence()), *strikes])
 
     def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
-               nodes_now: dict[str, NodeRecord], now: datetime) -> None:
+               nodes_now: dict[str, NodeRecord], now: datetime) -> set[str]:
+        """Drain the suspects of ``last`` once each (also across a crash); the drained set."""
+        done = {e.node for e in self._store.events(run_id=run.id, kinds=["node.drained"])
+                if e.attempt_id == last.id and e.node}
+        drained: set[str] = set()
         for node in nodes:
             rec = nodes_now.get(node)
-            if rec is not None and "DRAIN" in rec.state.upper() and rec.reason.startswith("b300"):
+            if node in done or (rec is not None and "DRAIN" in rec.state.upper()
+                                and rec.reason.startswith("b300")):
+                drained.add(node)
                 continue
             reason = (f"b300: run {run.id} job {last.slurm_job_id} {last.state.value}"
                       f"{' exit ' + str(last.exit_code) if last.exit_code else ''}"
@@ -196,20 +225,26 @@ class RecoveryService:
                 "node.drained", run_id=run.id, attempt_id=last.id, node=node,
                 data={"reason": reason})], now)
             log.warning("node.drained", node=node, run=run.id, reason=reason)
+            drained.add(node)
+        return drained
 
-    def _drain_black_holes(self, run: Run, nodes_now: dict[str, NodeRecord], now: datetime) -> None:
-        since = now - timedelta(seconds=self._blackhole.window_s)
-        strikes = self._store.events(kinds=["node.failed", "node.suspect"], since=since)
-        for hole in black_holes(strikes, self._blackhole, now):
+    def _drain_black_holes(self, run: Run, last: Attempt, nodes_now: dict[str, NodeRecord],
+                           drained: set[str], now: datetime) -> None:
+        """Drain the nodes of ``last`` that are black holes now; a node drained already
+        (by this failure or before) keeps its drain and its more specific reason."""
+        for hole in self._black_holes(now):
             rec = nodes_now.get(hole.node)
-            if rec is not None and "DRAIN" in rec.state.upper():
+            if hole.node not in last.nodes or hole.node in drained or node_is_bad(rec):
                 continue
+            names = ", ".join(hole.runs[:3]) + (f" +{len(hole.runs) - 3} more"
+                                                if len(hole.runs) > 3 else "")
             reason = (f"b300: black hole: failed {len(hole.runs)} runs in "
-                      f"{self._blackhole.window_s / 3600:g} h ({', '.join(hole.runs[:3])})")
+                      f"{self._blackhole.window_s / 3600:g} h ({names})")
             self._slurm.drain_node(hole.node, reason)
             self._store.append_events([NewEvent(
-                "node.drained", run_id=run.id, node=hole.node,
+                "node.drained", run_id=run.id, attempt_id=last.id, node=hole.node,
                 data={"reason": reason, "black_hole": list(hole.runs)})], now)
+            log.warning("node.drained", node=hole.node, run=run.id, reason=reason)
 
     def _finish(self, run: Run, state: RunState, why: str, now: datetime, *,
                 alert: bool = False) -> None:
@@ -219,33 +254,6 @@ class RecoveryService:
             NewEvent("run.state", run_id=run.id, data={"from": run.state.value,
                                                        "to": state.value})])
         (log.error if alert else log.info)(kind, run=run.id, why=why)
-
-    def _resume_point(self, spec: JobSpec) -> tuple[str | None, list[dict[str, object]]]:
-        """The newest complete checkpoint whose manifest (if made yet) verifies."""
-        if not spec.checkpoint.dir:
-            return None, []
-        from ..checkpoints.layouts import load_layout
-        from ..checkpoints.manifest import read_manifest, verify
-        from ..checkpoints.resume import choose_resume
-
-        root = spec.checkpoint.dir
-        checked: list[dict[str, object]] = []
-
-        def verified(ckpt: object) -> bool:
-            path = ckpt.path  # type: ignore[attr-defined]
-            if read_manifest(path) is None:
-                checked.append({"path": path, "ok": True, "why": "complete; no manifest yet"})
-                return True
-            result = verify(path, root=root)
-            checked.append({"path": path, "ok": result.ok, "why": "; ".join(result.problems[:3])})
-            return result.ok
-
-        found = load_layout(spec.checkpoint.layout).list_checkpoints(root)
-        for ckpt in found:
-            if not ckpt.complete:
-                checked.append({"path": ckpt.path, "ok": False, "why": ckpt.why_incomplete})
-        choice = choose_resume(found, verified)
-        return (choice.path if choice else None), checked
 
     def _log_tail(self, attempt: Attempt, spec: JobSpec) -> list[str]:
         path = _job_log_path(attempt, spec, self._log_dir)
@@ -279,10 +287,19 @@ class RecoveryService:
                                                           "outcome": "REQUEUED"}) for n in bad],
                                   now)
         self._drain(run, before, bad, nodes_now, now)
-        exclude = sorted(set(before.excluded_nodes) | set(bad)
-                         | {n for n, rec in nodes_now.items() if node_is_bad(rec)})
-        if exclude and after.slurm_job_id is not None:
-            self._slurm.exclude_nodes(after.slurm_job_id, exclude)
+        if after.slurm_job_id is None:
+            return
+        spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+        failed = [Exclusion(n, "failed", f"failed attempt {before.number} (job "
+                            f"{before.slurm_job_id}, requeued by Slurm)") for n in bad]
+        plan = self._runs.plan_exclusions(spec, [*failed, *self._runs.attempt_exclusions(before)],
+                                          fresh=bad)
+        if plan.nodes != sorted(after.excluded_nodes):
+            self._slurm.exclude_nodes(after.slurm_job_id, plan.nodes)
+            self._store.update_attempt(after.id, now, excluded_nodes=plan.nodes, events=[
+                NewEvent("attempt.excluded", run_id=run.id, attempt_id=after.id,
+                         data={"exclude": plan.nodes,
+                               "exclusions": [e.to_dict() for e in plan.kept]})])
 
     # -- running attempts: hangs ------------------------------------------
 
@@ -295,6 +312,7 @@ class RecoveryService:
             self._record_last_progress(gone, self._progress[gone])
         self._progress = {k: v for k, v in self._progress.items() if k in live}
         self._progress_recorded = {k: v for k, v in self._progress_recorded.items() if k in live}
+        self._recorded_steps = {k: v for k, v in self._recorded_steps.items() if k in live}
         for attempt in self._store.active_attempts():
             if attempt.state is not AttemptState.RUNNING or attempt.slurm_job_id is None:
                 continue
@@ -302,6 +320,7 @@ class RecoveryService:
             spec = parse_spec(run.spec_toml, where=f"run {run.id}")
             if not spec.health.progress_file:
                 continue
+            self._seed_progress(attempt)
             step = _read_progress(spec.health.progress_file, attempt.start)
             seen = self._progress.get(attempt.id)
             if step == "":
@@ -326,12 +345,27 @@ class RecoveryService:
             hung += 1
         return hung
 
+    def _seed_progress(self, attempt: Attempt) -> None:
+        """What an earlier daemon already recorded of this attempt's progress (once)."""
+        if attempt.id in self._recorded_steps:
+            return
+        mine = [e for e in self._store.events(run_id=attempt.run_id, kinds=["attempt.progress"])
+                if e.attempt_id == attempt.id]
+        self._recorded_steps[attempt.id] = {int(e.data["step"]) for e in mine
+                                            if isinstance(e.data.get("step"), int)}
+        if mine:
+            self._progress_recorded[attempt.id] = mine[-1].ts
+
     def _record_progress(self, attempt: Attempt, step: str, now: datetime) -> None:
         """An ``attempt.progress`` event: the first step seen, then at most every 5 minutes
         (the weekly report's restart and recompute times come from these)."""
         last = self._progress_recorded.get(attempt.id)
         if not step.isdigit() or (last is not None and now - last < _PROGRESS_EVENT_EVERY):
             return
+        steps = self._recorded_steps.setdefault(attempt.id, set())
+        if int(step) in steps:
+            return
+        steps.add(int(step))
         self._progress_recorded[attempt.id] = now
         self._store.append_events([NewEvent("attempt.progress", run_id=attempt.run_id,
                                             attempt_id=attempt.id, data={"step": int(step)})], now)
@@ -341,6 +375,8 @@ class RecoveryService:
         yet): the steps after its checkpoint that the next attempt must redo."""
         recorded = self._progress_recorded.get(attempt_id)
         if not seen.step.isdigit() or (recorded is not None and recorded >= seen.since):
+            return
+        if int(seen.step) in self._recorded_steps.get(attempt_id, set()):
             return
         run_id = self._store.get_attempt(attempt_id).run_id
         self._store.append_events([NewEvent("attempt.progress", run_id=run_id, attempt_id=attempt_id,

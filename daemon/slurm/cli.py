@@ -28,6 +28,7 @@ from .parse import (
     fold_nodes,
     is_transient,
     normalise_reason,
+    parse_partition_nodes,
     parse_sacct,
     parse_sbatch,
     parse_sinfo,
@@ -206,6 +207,12 @@ class CliSlurmClient:
             log.warning("slurm.unparsed_lines", tool="sinfo", count=len(bad), first=bad[0][:200])
         return nodes
 
+    def partition_nodes(self, partition: str | None) -> list[str]:
+        argv = ["sinfo", "--noheader", "--Node", "--format=%N|%P"]
+        if partition is not None:
+            argv.append(f"--partition={_word(partition)}")
+        return parse_partition_nodes(self._call(argv), partition)
+
     def drain_node(self, node: str, reason: str) -> None:
         self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DRAIN",
                     f"Reason={normalise_reason(reason)}"])
@@ -249,3 +256,8 @@ class CliSlurmClient:
             self._call(["strigger", "--clear", f"--id={trig_id}"])
         return len(ids)
 
+
+def _word(word: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", word):
+        raise SlurmError(f"bad partition name {word!r}", transient=False)
+    return word

@@ -223,3 +223,18 @@ def parse_sinfo(stdout: str) -> tuple[list[NodeObservation], list[str]]:
                             flags=flags),
         )
     return [seen[n] for n in sorted(seen)], bad
+
+
+def parse_partition_nodes(stdout: str, partition: str | None) -> list[str]:
+    """Nodes of ``partition`` from ``sinfo -h -N -o %N|%P`` (``None``: the default
+    partition, whose name sinfo marks with ``*``); sorted, each once."""
+    found: set[str] = set()
+    for line in stdout.splitlines():
+        name, _, part = line.strip().partition("|")
+        part = part.strip()
+        if not name or not part:
+            continue
+        default = part.endswith("*")
+        if (partition is None and default) or part.rstrip("*") == partition:
+            found.add(name.strip())
+    return sorted(found)

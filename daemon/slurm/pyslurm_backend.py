@@ -175,6 +175,13 @@ def _op_nodes(ps: Any) -> list[dict[str, Any]]:
             for n in ps.Nodes.load().values()]
 
 
+def _op_partition_nodes(ps: Any, partition: str | None) -> list[str]:
+    for p in ps.Partitions.load().values():
+        if (partition is None and getattr(p, "is_default", False)) or p.name == partition:
+            return list(expand_nodes(str(p.nodes or "")))
+    raise ValueError(f"no partition {partition or '(default)'}")
+
+
 def _op_node_state(ps: Any, node: str, state: str, reason: str) -> None:
     changes = ps.Node(state=state, reason=reason) if reason else ps.Node(state=state)
     ps.Node(node).modify(changes)
@@ -188,7 +195,7 @@ _OPS: dict[str, Callable[..., Any]] = {
     "exclude": _op_exclude,
     "submit": _op_submit, "jobs": _op_jobs, "accounting": _op_accounting,
     "by_name": _op_by_name, "cancel": _op_cancel, "nodes": _op_nodes,
-    "node_state": _op_node_state,
+    "node_state": _op_node_state, "partition_nodes": _op_partition_nodes,
 }
 
 
@@ -398,6 +405,9 @@ class PyslurmClient:
             seen.setdefault(r["name"], NodeObservation(
                 name=r["name"], state=state, reason="" if reason == "None" else reason, flags=flags))
         return [seen[n] for n in sorted(seen)]
+
+    def partition_nodes(self, partition: str | None) -> list[str]:
+        return [str(n) for n in self._request("partition_nodes", partition)]
 
     def drain_node(self, node: str, reason: str) -> None:
         self._request("node_state", check_node_name(node), "DRAIN", normalise_reason(reason))

@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlmodel import Session, col, func, select
 
 from ..errors import NotFoundError, StoreError, UsageError
-from ..interfaces import NewEvent
+from ..interfaces import AttemptUpdate, NewEvent
 from ..model import Attempt, AttemptState, Event, NodeObservation, NodeRecord, Run, RunState
 from .tables import (
     AttemptRow,
@@ -215,6 +215,7 @@ class SqlStore:
         *,
         state: AttemptState | None = None,
         nodes: Sequence[str] | None = None,
+        excluded_nodes: Sequence[str] | None = None,
         reason: str | None = None,
         exit_code: int | None = None,
         signal: int | None = None,
@@ -233,6 +234,8 @@ class SqlStore:
                 row.state = AttemptState(state).value
             if joined_nodes is not None:
                 row.nodes = joined_nodes
+            if excluded_nodes is not None:
+                row.excluded_nodes = join_nodes(excluded_nodes)
             if reason is not None:
                 row.reason = reason
             if exit_code is not None:
@@ -251,6 +254,44 @@ class SqlStore:
             session.flush()
             self._add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
             return to_attempt(row)
+
+    def update_attempts(self, updates: Sequence[AttemptUpdate], now: datetime) -> list[Attempt]:
+        """Apply every update, and the run states they bring, in ONE transaction; a run
+        whose state changes gets a ``run.state`` event (``from``/``to``)."""
+        _require_aware(now, *[t for u in updates for t in (u.start, u.end)])
+        if not updates:
+            return []
+        with self._write() as session:
+            done: list[AttemptRow] = []
+            for u in updates:
+                row = _get_attempt_row(session, u.attempt_id)
+                if u.state is not None:
+                    row.state = AttemptState(u.state).value
+                if u.nodes is not None:
+                    row.nodes = join_nodes(u.nodes)
+                if u.reason is not None:
+                    row.reason = u.reason
+                if u.exit_code is not None:
+                    row.exit_code = u.exit_code
+                if u.signal is not None:
+                    row.signal = u.signal
+                if u.start is not None:
+                    row.started_at = u.start
+                if u.end is not None:
+                    row.ended_at = u.end
+                row.updated_at = now
+                events = list(u.events)
+                if u.run_state is not None:
+                    run = _get_run_row(session, row.run_id)
+                    if run.state != RunState(u.run_state).value:
+                        events.append(NewEvent("run.state", data={
+                            "from": run.state, "to": RunState(u.run_state).value}))
+                        run.state = RunState(u.run_state).value
+                        run.updated_at = now
+                session.flush()
+                self._add_events(session, events, now, run_id=row.run_id, attempt_id=row.id)
+                done.append(row)
+            return [to_attempt(row) for row in done]
 
     def get_attempt(self, attempt_id: int) -> Attempt:
         with self._read() as session:

@@ -10,7 +10,8 @@ from ``$B300_RESUME_FROM`` when that names a checkpoint.
 
 Fault knobs for the tests (all only on attempt 1, so the resubmission is clean):
 ``--hang-at N`` rank 0 stops making progress at step N; ``--fail-at N`` every
-rank raises an ordinary error at step N (exit 1); ``--torn-at N`` rank 1 stalls
+rank (only rank R with ``--fail-rank R``, its peers then see the
+connection close) raises an ordinary error at step N (exit 1); ``--torn-at N`` rank 1 stalls
 inside the save of step N after rank 0 wrote its shard, so a node killed then
 leaves a checkpoint without ``.metadata``.
 """
@@ -59,6 +60,7 @@ def main() -> int:
     ap.add_argument("--hang-at", type=int, default=-1)
     ap.add_argument("--fail-at", type=int, default=-1)
     ap.add_argument("--torn-at", type=int, default=-1)
+    ap.add_argument("--fail-rank", type=int, default=-1)
     args = ap.parse_args()
 
     rank = int(os.environ["SLURM_PROCID"])
@@ -93,7 +95,7 @@ def main() -> int:
               flush=True)
 
     while step < args.steps:
-        if first and step == args.fail_at:
+        if first and step == args.fail_at and args.fail_rank in (-1, rank):
             raise RuntimeError(f"bad hyperparameters at step {step}")
         if first and rank == 0 and step == args.hang_at:
             print(f"rank 0 stuck at step {step}", flush=True)
