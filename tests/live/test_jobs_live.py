@@ -90,8 +90,12 @@ def test_multi_node_job_records_every_node(daemon: DaemonHandle, tmp_path: Path)
 def test_resubmit_excludes_nodes(daemon: DaemonHandle, tmp_path: Path) -> None:
     run_id = daemon.submit(write_spec(tmp_path / "x.toml", "excl", "exit 3", nodes=1))
     daemon.wait_run(run_id, {"FAILED"})
+    # A path with a space, to be passed on quoted. It must exist; the spec names no
+    # checkpoint folder to verify it against, so --force.
+    ckpt = tmp_path / "ckpt" / "step 10"
+    ckpt.mkdir(parents=True)
     proc = daemon.ctl_raw(
-        "resubmit", run_id, "--exclude", "gpu[01-03]", "--from-checkpoint", "/ckpt/step 10"
+        "resubmit", run_id, "--exclude", "gpu[01-03]", "--from-checkpoint", str(ckpt), "--force"
     )
     assert proc.returncode == 0, proc.stderr
     status = daemon.wait_run(run_id, {"FAILED", "COMPLETED"})
@@ -106,7 +110,7 @@ def test_resubmit_excludes_nodes(daemon: DaemonHandle, tmp_path: Path) -> None:
     second = daemon.run(run_id)["attempts"][1]
     assert second["excluded_nodes"] == ["gpu01", "gpu02", "gpu03"]
     assert second["nodes"] == ["gpu04"]
-    assert second["resume_from"] == "/ckpt/step 10"
+    assert second["resume_from"] == str(ckpt)
     assert status["run"]["attempts"] >= 1
 
 
