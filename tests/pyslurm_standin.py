@@ -49,6 +49,8 @@ CLASSES = {
     "JobSubmitDescription": ("core/job/submission", "JobSubmitDescription"),
     "Node": ("core/node", "Node"),
     "Nodes": ("core/node", "Nodes"),
+    "Partition": ("core/partition", "Partition"),
+    "Partitions": ("core/partition", "Partitions"),
     "db.Job": ("db/job", "Job"),
     "db.Jobs": ("db/job", "Jobs"),
     "db.JobFilter": ("db/job", "JobFilter"),
@@ -59,6 +61,7 @@ CLASSES = {
 EXPORTS = {
     "Job": "__init__.py", "Jobs": "__init__.py", "JobSubmitDescription": "__init__.py",
     "Node": "__init__.py", "Nodes": "__init__.py", "RPCError": "__init__.py",
+    "Partition": "__init__.py", "Partitions": "__init__.py",
     "db.Job": "db/__init__.py", "db.Jobs": "db/__init__.py", "db.JobFilter": "db/__init__.py",
     "slurmctld.Config": "core/slurmctld/__init__.py",
 }
@@ -390,6 +393,16 @@ class StandIn:
         ps.JobSubmitDescription, ps.Job, ps.Jobs = JobSubmitDescription, Job, Jobs  # type: ignore[attr-defined]
         ps.Node, ps.Nodes = Node, Nodes  # type: ignore[attr-defined]
 
+        class Partitions:
+            @staticmethod
+            def load(*args: Any, **kwargs: Any) -> Any:
+                st._check_call("Partitions", "load", args, kwargs)
+                st._raise("Partitions.load")
+                return st._collection("Partitions", (st._record("Partition", r)
+                                                     for r in st.records.get("partitions", [])))
+
+        ps.Partitions = Partitions  # type: ignore[attr-defined]
+
         db = types.ModuleType("pyslurm.db")
 
         class JobFilter:
@@ -470,9 +483,11 @@ class Boundary:
 
     def set(self, *, jobs: Iterable[Mapping[str, Any]] = (), db_jobs: Iterable[Mapping[str, Any]] = (),
             nodes: Iterable[Mapping[str, Any]] = (), config: Mapping[str, Any] | None = None,
-            errors: Mapping[str, str] | None = None) -> None:
+            errors: Mapping[str, str] | None = None,
+            partitions: Iterable[Mapping[str, Any]] = ()) -> None:
         self.state_file.write_text(json.dumps({
             "records": {"jobs": list(jobs), "db_jobs": list(db_jobs), "nodes": list(nodes),
+                        "partitions": list(partitions),
                         "config": dict(config or {"version": "25.11.7"})},
             "errors": dict(errors or {}),
         }))

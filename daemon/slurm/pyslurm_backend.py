@@ -177,7 +177,7 @@ def _op_nodes(ps: Any) -> list[dict[str, Any]]:
 
 def _op_partition_nodes(ps: Any, partition: str | None) -> list[str]:
     for p in ps.Partitions.load().values():
-        if (partition is None and getattr(p, "is_default", False)) or p.name == partition:
+        if (p.is_default if partition is None else p.name == partition):
             return list(expand_nodes(str(p.nodes or "")))
     raise ValueError(f"no partition {partition or '(default)'}")
 

@@ -127,6 +127,16 @@ def test_nodes_drain_resume_and_exclude_use_what_Node_and_Job_have(
     ]
 
 
+def test_partition_nodes_read_only_members_Partition_has(
+        client: PyslurmClient, boundary: Boundary) -> None:
+    boundary.set(partitions=[{"name": "batch", "nodes": "gpu[01-02]", "is_default": True},
+                             {"name": "small", "nodes": "gpu03", "is_default": False}])
+    assert client.partition_nodes(None) == ["gpu01", "gpu02"]
+    assert client.partition_nodes("small") == ["gpu03"]
+    with pytest.raises(SlurmError):
+        client.partition_nodes("nope")
+
+
 def test_auto_compares_the_controller_release_with_pyslurm_s(tmp_path: Path) -> None:
     standin = StandIn(tmp_path / "state.json")
     Boundary(standin.state_file).set(config={"version": "25.11.7"})
