@@ -78,7 +78,7 @@ def test_resubmit_resumes_from_newest_verified_checkpoint_and_keeps_exclusions(
     d = start_daemon(tmp_path, slurm_conf)
     try:
         # Attempt 1 dies of its own error at step 12 (checkpoints at 5 and 10): not resubmitted.
-        run_id = d.submit(train_spec(tmp_path, "resub", "--fail-at", "12"))
+        run_id = d.submit(train_spec(tmp_path, "resub", "--fail-at", "12", steps=80))
         status = d.wait_run(run_id, ENDED, timeout=180)
         assert status["run"]["state"] == "FAILED", status["events"][-5:]
         # The operator resubmits, keeping the run off gpu04: it resumes from step 10.
@@ -102,7 +102,7 @@ def test_resubmit_resumes_from_newest_verified_checkpoint_and_keeps_exclusions(
         assert history(tmp_path)[2]["start_step"] == int(newest.name[5:])
         assert a3["excluded_nodes"] == ["gpu04"] and "gpu04" not in a3["nodes"]
         done = json.loads((tmp_path / "run" / "done.json").read_text())
-        assert done["attempt"] == 3 and done["step"] == 30
+        assert done["attempt"] == 3 and done["step"] == 80
         [intent] = [e for e in status["events"]
                     if e["kind"] == "attempt.intent" and e["attempt_id"] == _aid(status, 3)]
         assert intent["data"]["resume"] == "newest verified"
@@ -136,11 +136,14 @@ def test_from_checkpoint_must_be_a_complete_verified_checkpoint_of_the_run(
         shutil.copy(good / "__0_0.distcp", torn / "__0_0.distcp")
         err = _refused(d, "resubmit", run_id, "--from-checkpoint", str(torn))
         assert "incomplete" in err
-        # A manifest that no longer matches (a stray file appeared after it was made).
-        from b300.checkpoints.manifest import ensure_manifest
+        # A manifest the files no longer match (one recorded sha256 spoilt; the data is
+        # left intact so that --force below can still load it).
+        from b300.checkpoints.manifest import MANIFEST_NAME, ensure_manifest
 
         ensure_manifest(str(good), datetime.now(UTC), root=str(ckpt))
-        (good / "stray.bin").write_bytes(b"x")
+        doc = json.loads((good / MANIFEST_NAME).read_text())
+        doc["files"][0]["sha256"] = "0" * 64
+        (good / MANIFEST_NAME).write_text(json.dumps(doc))
         err = _refused(d, "resubmit", run_id, "--from-checkpoint", str(good))
         assert "fails verification" in err
         assert len(d.run(run_id)["attempts"]) == 1, "a refused resubmit must submit nothing"
