@@ -289,13 +289,7 @@ def _exclusions(store: Store, attempt: Attempt) -> list[dict[str, str]]:
     found = attempt_exclusions(store, attempt)
     if not found:
         return []
-    drift: set[str] = set()
-    try:
-        from .store.drift_store import DriftStore
-
-        drift = DriftStore(store).open_drift_nodes()  # type: ignore[arg-type]
-    except B300Error:
-        pass
+    drift = store.drift.open_drift_nodes()
     nodes_now = {n.name: n for n in store.list_nodes()}
     out = []
     for ex in found:

@@ -26,7 +26,8 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .drift.records import NodeRun
+    from .checkpoints.records import StoredCheckpoint
+    from .drift.records import Finding, NodeRun, OpenFinding
 
 
 @runtime_checkable
@@ -196,6 +197,79 @@ class AttemptUpdate:
     run_state: RunState | None = None
 
 
+class CheckpointRepository(Protocol):
+    """What the daemon knows about checkpoints beyond their files (``store.checkpoints``):
+    listings, verification verdicts, marks, replicas, prunes.
+
+    Same guarantees as :class:`Store`: every write commits atomically with its events
+    (``checkpoint.corrupt``, ``checkpoint.marked``/``unmarked``, ``checkpoint.replicated``/
+    ``replication_failed``, ``checkpoint.replica_pruned``, ``checkpoint.pruned``); a path the
+    store does not know raises :class:`b300.errors.NotFoundError`; an unreachable database
+    raises :class:`b300.errors.StoreError`.
+    """
+
+    def record_listing(self, run_id: str, checkpoints: Sequence[CheckpointInfo], now: datetime) -> None:
+        """Upsert what a layout listed for the run. A checkpoint whose size, file count or
+        time changed since it was verified loses its verdict; rows no longer listed are
+        marked deleted."""
+        ...
+
+    def record_verification(self, run_id: str, path: str, ok: bool, now: datetime,
+                            problems: Sequence[str] = ()) -> None: ...
+
+    def set_marked(self, run_id: str, path: str, marked: bool, now: datetime,
+                   actor: str = "daemon") -> None: ...
+
+    def record_replica(self, run_id: str, path: str, target: str, ok: bool, now: datetime, *,
+                       bytes_sent: int = 0, error: str = "") -> None: ...
+
+    def record_replicas_pruned(self, run_id: str, paths: Sequence[str], target: str, now: datetime,
+                               actor: str = "daemon") -> None:
+        """``target``'s retention deleted these replicas; they still count as made."""
+        ...
+
+    def record_pruned(self, run_id: str, paths: Sequence[str], now: datetime,
+                      actor: str = "daemon") -> None: ...
+
+    def checkpoints(self, run_id: str, *, include_deleted: bool = False) -> list[StoredCheckpoint]:
+        """The run's checkpoints by step, oldest first, with their replicas."""
+        ...
+
+
+class DriftRepository(Protocol):
+    """Version-drift state (``store.drift``): open findings, the daemon's drains, scans.
+
+    Writes commit atomically with their ``drift.*`` events; StoreError as for :class:`Store`.
+    """
+
+    def open_findings(self) -> list[OpenFinding]:
+        """Every open finding, by node and probe."""
+        ...
+
+    def open_drift_nodes(self) -> set[str]:
+        """Nodes with an open drift finding whose policy is drain (no run may land there)."""
+        ...
+
+    def drained_nodes(self) -> dict[str, str]:
+        """Nodes the daemon drained for drift and has not resumed: node -> reason."""
+        ...
+
+    def last_scan(self) -> tuple[datetime, datetime, dict[str, Any]] | None:
+        """(started_at, finished_at, matrix) of the newest scan, or None."""
+        ...
+
+    def record_action_failures(self, failures: Sequence[tuple[str | None, str]], now: datetime,
+                               actor: str = "daemon") -> None: ...
+
+    def record_scan(self, started_at: datetime, now: datetime, nodes_scanned: int,
+                    matrix: dict[str, Any], opened: Sequence[Finding], closed: Sequence[OpenFinding],
+                    actor: str = "daemon") -> None: ...
+
+    def mark_drained(self, node: str, reason: str, now: datetime, actor: str = "daemon") -> None: ...
+
+    def release(self, node: str, now: datetime, *, resumed: bool, actor: str = "daemon") -> None: ...
+
+
 class Store(Protocol):
     """The daemon's durable state: runs, their attempts, nodes, and the event log.
 
@@ -205,7 +279,16 @@ class Store(Protocol):
     daemon writes. Unknown ids raise :class:`b300.errors.NotFoundError`; an
     unreachable or broken database raises :class:`b300.errors.StoreError`.
     Times are timezone-aware UTC ``datetime`` values supplied by the caller.
+
+    ``checkpoints`` and ``drift`` are the same database's checkpoint and drift
+    repositories, with the same guarantees.
     """
+
+    @property
+    def checkpoints(self) -> CheckpointRepository: ...
+
+    @property
+    def drift(self) -> DriftRepository: ...
 
     def create_run(
         self, run_id: str, name: str, spec_toml: str, now: datetime, events: Sequence[NewEvent] = ()

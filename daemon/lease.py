@@ -51,7 +51,7 @@ from sqlalchemy.engine import Connection, Engine
 from .errors import B300Error, ConfigError, StoreError
 from .store.deadline import SocketWatchdog
 from .store.lease_tables import LeaseRow
-from .store.sql_store import WRITE_OPTION
+from .store.sessions import WRITE_OPTION
 
 log = structlog.get_logger(__name__)
 _LEASE = LeaseRow.__table__  # type: ignore[attr-defined]

@@ -23,9 +23,6 @@ from .interfaces import Store
 from .model import RunState
 from .report.compute import RunInput, checkpoint_figures
 from .spec import parse_spec
-from .store.checkpoint_store import CheckpointStore
-from .store.drift_store import DriftStore
-from .store.sql_store import SqlStore
 
 log = structlog.get_logger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -116,36 +113,34 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
             by_state[r.state.value] = by_state.get(r.state.value, 0) + 1
         recoveries = len(store.events(kinds=["recovery.resubmit"]))
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
-        drift_open: int | None = None
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
         schedules: dict[str, dict[str, float]] = {}
-        if isinstance(store, SqlStore):
-            drift_open = len(DriftStore(store).open_findings())
-            ckpts = CheckpointStore(store)
-            history = store.attempts_since(now - HISTORY)
-            for run in runs:
-                if run.state.is_terminal:
-                    continue
-                try:
-                    spec = parse_spec(run.spec_toml, where=f"run {run.id}")
-                except B300Error:
-                    continue
-                if not spec.checkpoint.dir:
-                    continue
-                stored = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
-                          for c in ckpts.checkpoints(run.id) if c.info.complete]
-                fig = checkpoint_figures(RunInput(run, (), checkpoint_interval_s=spec.checkpoint.interval_s,
-                                                  checkpoints=stored), now)
-                if fig is not None and fig.newest_age_s is not None:
-                    ages[run.id] = fig.newest_age_s
-                sched = stored_run_schedule(store, run, spec, now, history=history)
-                if sched is not None:
-                    if run.id not in ages and sched.age_s is not None:
-                        ages[run.id] = sched.age_s  # no checkpoint yet: the running attempt's age
-                    schedules[run.id] = _schedule_figures(sched)
-                if fig is not None and fig.replication_lag_s is not None:
-                    lags[run.id] = fig.replication_lag_s
+        drift_open: int | None = len(store.drift.open_findings())
+        ckpts = store.checkpoints
+        history = store.attempts_since(now - HISTORY)
+        for run in runs:
+            if run.state.is_terminal:
+                continue
+            try:
+                spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+            except B300Error:
+                continue
+            if not spec.checkpoint.dir:
+                continue
+            stored = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
+                      for c in ckpts.checkpoints(run.id) if c.info.complete]
+            fig = checkpoint_figures(RunInput(run, (), checkpoint_interval_s=spec.checkpoint.interval_s,
+                                              checkpoints=stored), now)
+            if fig is not None and fig.newest_age_s is not None:
+                ages[run.id] = fig.newest_age_s
+            sched = stored_run_schedule(store, run, spec, now, history=history)
+            if sched is not None:
+                if run.id not in ages and sched.age_s is not None:
+                    ages[run.id] = sched.age_s  # no checkpoint yet: the running attempt's age
+                schedules[run.id] = _schedule_figures(sched)
+            if fig is not None and fig.replication_lag_s is not None:
+                lags[run.id] = fig.replication_lag_s
     except B300Error as exc:
         log.warning("metrics.store_failed", error=str(exc))
         return MetricsSnapshot(cycle=cycle, store_up=False)

@@ -40,7 +40,6 @@ from .recovery.service import RecoveryService
 from .reload import plan_reload
 from .runs import RunService
 from .spec import parse_spec
-from .store.checkpoint_store import CheckpointStore
 from .tracker import JobTracker
 
 log = structlog.get_logger(__name__)
@@ -111,12 +110,12 @@ class Daemon:
         self.tracker = JobTracker(store, slurm, self.runs, self.clock, recovery=self.recovery,
                                   accounting_grace_s=config.accounting_grace_s)
         self.checkpoint_pass = CheckpointPass(
-            store, CheckpointStore(store), slurm, self.clock,  # type: ignore[arg-type]
+            store, store.checkpoints, slurm, self.clock,
             allow_signals=config.checkpoints.allow_signals,
             signal_grace_s=config.checkpoints.signal_grace_s,
             manifests_per_pass=config.checkpoints.manifests_per_pass)
         self.checkpoint_upkeep = CheckpointUpkeep(
-            store, CheckpointStore(store), config.checkpoints, self.clock,  # type: ignore[arg-type]
+            store, store.checkpoints, config.checkpoints, self.clock,
             action_lock=self._lock, stopping=lambda: self._stop.is_set(), fence=self.fence.check)
         self._stop = threading.Event()
         self._failures = 0

@@ -80,13 +80,8 @@ def run_schedule(run: Run, spec: JobSpec, checkpoints: Sequence[CheckpointInfo],
 
 
 def stored_checkpoints(store: Store, run_id: str) -> list[CheckpointInfo]:
-    """The run's checkpoints as the daemon last listed them (none on a store without the tables)."""
-    from ..store.checkpoint_store import CheckpointStore
-    from ..store.sql_store import SqlStore
-
-    if not isinstance(store, SqlStore):
-        return []
-    return [c.info for c in CheckpointStore(store).checkpoints(run_id)]
+    """The run's checkpoints as the daemon last listed them."""
+    return [c.info for c in store.checkpoints.checkpoints(run_id)]
 
 
 def stored_run_schedule(store: Store, run: Run, spec: JobSpec, now: datetime, *,

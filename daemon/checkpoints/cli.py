@@ -21,12 +21,12 @@ from ..errors import B300Error, UsageError
 from ..interfaces import Store
 from ..model import Run
 from ..spec import parse_spec
-from ..store.checkpoint_store import StoredCheckpoint, plan_state
 from .advice import stored_run_schedule
 from .config import parse_span
 from .layouts import explain_nothing, load_layout, recognise
 from .manifest import verify
 from .prune import prune_local
+from .records import StoredCheckpoint, plan_state
 from .resume import pending_resumes
 from .retention import CheckpointState, PrunePlan, RetentionPolicy, plan_prune
 from .schedule import format_span
@@ -125,29 +125,20 @@ def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, *, p
 
 
 def _known(store: Store, run_id: str) -> dict[str, StoredCheckpoint]:
-    """What the store knows about the run's checkpoints (empty on a store without the tables)."""
-    from ..store import SqlStore
-    from ..store.checkpoint_store import CheckpointStore
-
-    if not isinstance(store, SqlStore):
-        return {}
-    return {c.info.path: c for c in CheckpointStore(store).checkpoints(run_id)}
+    """What the store knows about the run's checkpoints."""
+    return {c.info.path: c for c in store.checkpoints.checkpoints(run_id)}
 
 
 def _record_pruned(store: Store, run_id: str, paths: Sequence[str], now: datetime) -> None:
     from ..errors import NotFoundError
-    from ..store import SqlStore
-    from ..store.checkpoint_store import CheckpointStore
 
-    if isinstance(store, SqlStore):
-        cs = CheckpointStore(store)
-        try:
-            cs.record_pruned(run_id, paths, now, actor="b300ctl")
-        except NotFoundError:  # checkpoints the daemon never listed: only the event
-            from ..interfaces import NewEvent
+    try:
+        store.checkpoints.record_pruned(run_id, paths, now, actor="b300ctl")
+    except NotFoundError:  # checkpoints the daemon never listed: only the event
+        from ..interfaces import NewEvent
 
-            store.append_events([NewEvent("checkpoint.pruned", run_id=run_id, actor="b300ctl",
-                                          data={"paths": list(paths)})], now)
+        store.append_events([NewEvent("checkpoint.pruned", run_id=run_id, actor="b300ctl",
+                                      data={"paths": list(paths)})], now)
 
 
 def _row(state: CheckpointState, known: StoredCheckpoint | None, plan: PrunePlan) -> dict[str, Any]:

@@ -37,14 +37,14 @@ from typing import Any
 import structlog
 
 from ..errors import B300Error
-from ..interfaces import NewEvent, ReplicaLister, ReplicationTarget, Store
+from ..interfaces import CheckpointRepository, NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
 from ..spec import parse_spec
-from ..store.checkpoint_store import CheckpointStore, plan_state
 from .config import CheckpointsConfig, TargetConfig
 from .layouts import load_layout
 from .manifest import read_manifest, verify
 from .prune import anchor_of, finish_interrupted_deletes, plan_remote_prune, prune_local, prune_remote
+from .records import plan_state
 from .replicate import Throttle, load_target, replica_name, replicate
 from .resume import pending_resumes
 from .retention import PrunePlan, plan_prune
@@ -60,7 +60,7 @@ class CheckpointUpkeep:
     def __init__(
         self,
         store: Store,
-        checkpoints: CheckpointStore,
+        checkpoints: CheckpointRepository,
         config: CheckpointsConfig,
         clock: Callable[[], datetime],
         *,

@@ -24,10 +24,9 @@ from datetime import datetime, timedelta
 import structlog
 
 from ..errors import B300Error
-from ..interfaces import SlurmClient, Store
+from ..interfaces import CheckpointRepository, SlurmClient, Store
 from ..model import Run, RunState
 from ..spec import parse_spec
-from ..store.checkpoint_store import CheckpointStore
 from .layouts import load_layout
 from .manifest import ensure_manifest, read_manifest, verify
 from .schedule import EVENT_KINDS, HISTORY, CheckpointWatcher
@@ -49,7 +48,7 @@ class CheckpointPass:
     def __init__(
         self,
         store: Store,
-        checkpoints: CheckpointStore,
+        checkpoints: CheckpointRepository,
         slurm: SlurmClient,
         clock: Callable[[], datetime],
         *,

@@ -83,15 +83,11 @@ def _finding(f: Any) -> dict[str, Any]:
 
 
 def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], Store]) -> int:
-    from ..store import SqlStore
-    from ..store.drift_store import DriftStore
     from .scanner import reports_from_matrix
 
     store = open_store(cfg)
     try:
-        if not isinstance(store, SqlStore):
-            raise UsageError("version drift needs the SQL state store")
-        drift = DriftStore(store)
+        drift = store.drift
         last = drift.last_scan()
         findings = [_finding(o.finding) | {"id": o.id, "opened_at": o.opened_at.isoformat()}
                     for o in drift.open_findings()]

@@ -16,8 +16,7 @@ from typing import Any
 import structlog
 
 from ..errors import SlurmError, UsageError
-from ..interfaces import DriftProbe, NodeCommandRunner, SlurmClient
-from ..store.drift_store import DriftStore
+from ..interfaces import DriftProbe, DriftRepository, NodeCommandRunner, SlurmClient, Store
 from .baseline import find_differences, node_report, plan_actions, released
 from .config import DriftConfig
 from .records import NodeReport, NodeRun, NodeStatus, Policy, ProbeStatus, ProbeValue, ScanResult
@@ -40,7 +39,7 @@ class DriftScanner:
     def __init__(
         self,
         config: DriftConfig,
-        store: DriftStore,
+        store: DriftRepository,
         slurm: SlurmClient,
         *,
         probes: Mapping[str, DriftProbe],
@@ -189,14 +188,11 @@ def _merge(old: Mapping[str, Any], reports: Sequence[NodeReport], now: datetime,
     return merged
 
 
-def build_drift_scanner(config: DriftConfig, store: Any, slurm: SlurmClient) -> DriftScanner:
+def build_drift_scanner(config: DriftConfig, store: Store, slurm: SlurmClient) -> DriftScanner:
     """The daemon's scanner: installed probe plugins, paramiko, the SQL store."""
-    from ..store import SqlStore
     from .plugins import load_probes
     from .ssh import ParamikoRunner
 
-    if not isinstance(store, SqlStore):
-        raise UsageError("version drift needs the SQL state store")
     probes = load_probes(config.probes)
-    return DriftScanner(config, DriftStore(store), slurm, probes=probes,
+    return DriftScanner(config, store.drift, slurm, probes=probes,
                         runner=ParamikoRunner(config.ssh, config.endpoints()))

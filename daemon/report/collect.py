@@ -11,9 +11,6 @@ from ..checkpoints.schedule import HISTORY
 from ..errors import B300Error
 from ..interfaces import Store
 from ..spec import parse_spec
-from ..store.checkpoint_store import CheckpointStore
-from ..store.drift_store import DriftStore
-from ..store.sql_store import SqlStore
 from .compute import RunInput, WeeklyReport, Window, weekly_report
 
 log = structlog.get_logger(__name__)
@@ -25,8 +22,8 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
     """Build the report for ``window`` from the store's runs, attempts, events and checkpoints."""
     events = store.events(since=window.since - _LOOKBEHIND)
     events = [e for e in events if e.ts < window.until]
-    ckpt_store = _checkpoint_store(store)
-    history = store.attempts_since(now - HISTORY) if ckpt_store is not None else []
+    ckpt_store = store.checkpoints
+    history = store.attempts_since(now - HISTORY)
     inputs: list[RunInput] = []
     for run in store.list_runs():
         attempts = store.attempts(run.id)
@@ -40,7 +37,7 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
         ckpts = None
         interval = None
         advice = None
-        if ckpt_store is not None and spec.checkpoint.dir:
+        if spec.checkpoint.dir:
             interval = spec.checkpoint.interval_s
             stored = [c for c in ckpt_store.checkpoints(run.id) if c.info.complete]
             ckpts = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
@@ -49,13 +46,4 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
             advice = sched.young_daly if sched else None
         inputs.append(RunInput(run, attempts, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
                                checkpoint_interval_s=interval, checkpoints=ckpts, young_daly=advice))
-    return weekly_report(inputs, events, window, now, drift_open=_drift_open(store),
-                         checkpoints_available=ckpt_store is not None)
-
-
-def _checkpoint_store(store: Store) -> CheckpointStore | None:
-    return CheckpointStore(store) if isinstance(store, SqlStore) else None
-
-
-def _drift_open(store: Store) -> int | None:
-    return len(DriftStore(store).open_findings()) if isinstance(store, SqlStore) else None
+    return weekly_report(inputs, events, window, now, drift_open=len(store.drift.open_findings()))

@@ -27,7 +27,8 @@ from . import (
     lease_tables,  # noqa: F401 - registers the lease table in METADATA
 )
 from .deadline import SocketWatchdog
-from .sql_store import WRITE_OPTION, SqlStore, masked, store_errors
+from .sessions import WRITE_OPTION, masked, store_errors
+from .sql_store import SqlStore
 
 __all__ = ["SqlStore", "create_engine", "open_store"]
 

@@ -8,53 +8,24 @@ out frozen :class:`StoredCheckpoint` records; its rows never leave this module.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from ..checkpoints.retention import CheckpointState
+from ..checkpoints.records import StoredCheckpoint
 from ..errors import NotFoundError
 from ..interfaces import NewEvent
 from ..model import CheckpointInfo
 from .checkpoint_tables import CheckpointReplicaRow, CheckpointRow
-from .sql_store import SqlStore
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCheckpoint:
-    """A checkpoint as last listed, with ``verified`` None until checked against its manifest."""
-
-    run_id: str
-    info: CheckpointInfo
-    verified: bool | None
-    verified_at: datetime | None
-    marked: bool
-    replicas: dict[str, bool]
-    deleted_at: datetime | None = None
-    replicas_pruned: frozenset[str] = frozenset()  # targets whose retention deleted the copy
-
-    @property
-    def replicated_to(self) -> frozenset[str]:
-        return frozenset(t for t, ok in self.replicas.items() if ok)
-
-    def state(self, info: CheckpointInfo | None = None) -> CheckpointState:
-        """The record retention plans over, for ``info`` (a fresh listing of this
-        checkpoint) when given, else for the stored one."""
-        return CheckpointState(info or self.info, verified=bool(self.verified), marked=self.marked,
-                               replicated_to=self.replicated_to)
-
-
-def plan_state(info: CheckpointInfo, stored: StoredCheckpoint | None) -> CheckpointState:
-    """What retention plans over for a checkpoint just listed, with what the store knows of it."""
-    return CheckpointState(info) if stored is None else stored.state(info)
+from .sessions import Sessions
 
 
 class CheckpointStore:
-    """Checkpoint bookkeeping on a :class:`SqlStore`'s database (tables of revision 0201)."""
+    """Checkpoint bookkeeping in the store's database (tables of revision 0201); implements
+    :class:`b300.interfaces.CheckpointRepository` (``store.checkpoints``)."""
 
-    def __init__(self, store: SqlStore) -> None:
-        self._store = store
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
 
     def record_listing(self, run_id: str, checkpoints: Sequence[CheckpointInfo], now: datetime) -> None:
         """Upsert what a layout listed for the run.
@@ -64,7 +35,7 @@ class CheckpointStore:
         checkpoints no longer listed are marked deleted.
         """
         listed = {c.path: c for c in checkpoints}
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
             rows = {r.path: r for r in session.exec(query)}
             for path, info in listed.items():
@@ -96,22 +67,22 @@ class CheckpointStore:
     def record_verification(self, run_id: str, path: str, ok: bool, now: datetime,
                             problems: Sequence[str] = ()) -> None:
         """Store a verification verdict; a failure is also a ``checkpoint.corrupt`` event."""
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             row = _row(session, run_id, path)
             row.verified, row.verified_at, row.updated_at = ok, now, now
             session.add(row)
             if not ok:
-                self._store._add_events(session, [NewEvent(
+                self._sessions.add_events(session, [NewEvent(
                     "checkpoint.corrupt", data={"path": path, "problems": list(problems)[:20]})], now,
                     run_id=run_id)
 
     def set_marked(self, run_id: str, path: str, marked: bool, now: datetime, actor: str = "daemon") -> None:
         """Mark a checkpoint to keep it whatever retention says (or unmark it)."""
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             row = _row(session, run_id, path)
             row.marked, row.updated_at = marked, now
             session.add(row)
-            self._store._add_events(session, [NewEvent(
+            self._sessions.add_events(session, [NewEvent(
                 "checkpoint.marked" if marked else "checkpoint.unmarked", actor=actor, data={"path": path})],
                 now, run_id=run_id)
 
@@ -119,7 +90,7 @@ class CheckpointStore:
                        bytes_sent: int = 0, error: str = "") -> None:
         """Store the outcome of copying a checkpoint to ``target``, with a ``checkpoint.replicated``
         or ``checkpoint.replication_failed`` event."""
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             row = _row(session, run_id, path)
             assert row.id is not None
             rep = _replica_row(session, row.id, target)
@@ -128,7 +99,7 @@ class CheckpointStore:
             rep.ok, rep.bytes_sent, rep.error, rep.updated_at = ok, bytes_sent, error, now
             rep.pruned_at = None
             session.add(rep)
-            self._store._add_events(session, [NewEvent(
+            self._sessions.add_events(session, [NewEvent(
                 "checkpoint.replicated" if ok else "checkpoint.replication_failed",
                 data={"path": path, "target": target, "bytes_sent": bytes_sent, "error": error})],
                 now, run_id=run_id)
@@ -139,14 +110,14 @@ class CheckpointStore:
         ``checkpoint.replica_pruned`` event). The copies still count as made."""
         if not paths:
             return
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             for path in paths:
                 row = _find_row(session, run_id, path)
                 rep = None if row is None or row.id is None else _replica_row(session, row.id, target)
                 if rep is not None:
                     rep.pruned_at, rep.updated_at = now, now
                     session.add(rep)
-            self._store._add_events(session, [NewEvent(
+            self._sessions.add_events(session, [NewEvent(
                 "checkpoint.replica_pruned", actor=actor, data={"target": target, "paths": list(paths)})],
                 now, run_id=run_id)
 
@@ -154,17 +125,17 @@ class CheckpointStore:
         """Record that ``paths`` were deleted by a prune (one ``checkpoint.pruned`` event)."""
         if not paths:
             return
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             for path in paths:
                 row = _row(session, run_id, path)
                 row.deleted_at, row.updated_at = now, now
                 session.add(row)
-            self._store._add_events(session, [NewEvent(
+            self._sessions.add_events(session, [NewEvent(
                 "checkpoint.pruned", actor=actor, data={"paths": list(paths)})], now, run_id=run_id)
 
     def checkpoints(self, run_id: str, *, include_deleted: bool = False) -> list[StoredCheckpoint]:
         """The run's checkpoints by step, oldest first, with their replicas."""
-        with self._store._read() as session:
+        with self._sessions.read() as session:
             query = select(CheckpointRow).where(CheckpointRow.run_id == run_id)
             if not include_deleted:
                 query = query.where(col(CheckpointRow.deleted_at).is_(None))

@@ -18,7 +18,7 @@ from sqlmodel import col, delete, select
 from ..drift.records import Finding, FindingKind, OpenFinding, Policy
 from ..interfaces import NewEvent
 from .drift_tables import DriftDrainRow, DriftFindingRow, DriftScanRow
-from .sql_store import SqlStore
+from .sessions import Sessions
 
 _KEEP_SCANS = 100
 
@@ -26,19 +26,19 @@ _KEEP_SCANS = 100
 class DriftStore:
     """Drift state on top of a SqlStore; thread-safe like it (a session per call)."""
 
-    def __init__(self, store: SqlStore) -> None:
-        self._store = store
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
 
     def open_findings(self) -> list[OpenFinding]:
         """Every open finding, by node and probe."""
-        with self._store._read() as session:
+        with self._sessions.read() as session:
             rows = session.exec(select(DriftFindingRow).where(col(DriftFindingRow.closed_at).is_(None))
                                 .order_by(col(DriftFindingRow.node), col(DriftFindingRow.probe))).all()
             return [_to_open(row) for row in rows]
 
     def open_drift_nodes(self) -> set[str]:
         """Nodes a run must not land on: open drift findings whose policy is drain."""
-        with self._store._read() as session:
+        with self._sessions.read() as session:
             rows = session.exec(select(DriftFindingRow.node)
                                 .where(col(DriftFindingRow.closed_at).is_(None))
                                 .where(col(DriftFindingRow.kind) == FindingKind.DRIFT.value)
@@ -47,12 +47,12 @@ class DriftStore:
 
     def drained_nodes(self) -> dict[str, str]:
         """Nodes the daemon drained for drift and has not resumed: node -> reason."""
-        with self._store._read() as session:
+        with self._sessions.read() as session:
             return {r.node: r.reason for r in session.exec(select(DriftDrainRow)).all()}
 
     def last_scan(self) -> tuple[datetime, datetime, dict[str, Any]] | None:
         """(started_at, finished_at, matrix) of the newest scan, or None."""
-        with self._store._read() as session:
+        with self._sessions.read() as session:
             row = session.exec(select(DriftScanRow).order_by(col(DriftScanRow.id).desc()).limit(1)).first()
             if row is None:
                 return None
@@ -62,9 +62,12 @@ class DriftStore:
                                actor: str = "daemon") -> None:
         """One ``drift.action_failed`` event per (node, error): a drain, resume or sinfo
         of a scan that failed (shown by ``b300ctl drift``)."""
-        self._store.append_events([NewEvent("drift.action_failed", node=node, actor=actor,
-                                            data={"error": error[:500]})
-                                   for node, error in failures], now)
+        if not failures:
+            return
+        with self._sessions.write() as session:
+            self._sessions.add_events(session, [NewEvent("drift.action_failed", node=node, actor=actor,
+                                                         data={"error": error[:500]})
+                                                for node, error in failures], now)
 
     def record_scan(
         self,
@@ -80,7 +83,7 @@ class DriftStore:
         events = [NewEvent("drift.finding", node=f.node, actor=actor, data=_data(f)) for f in opened]
         events += [NewEvent("drift.cleared", node=o.finding.node, actor=actor,
                             data={**_data(o.finding), "finding_id": o.id}) for o in closed]
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             for o in closed:
                 finding = session.get(DriftFindingRow, o.id)
                 if finding is not None and finding.closed_at is None:
@@ -94,29 +97,29 @@ class DriftStore:
             session.flush()
             assert row.id is not None
             session.exec(delete(DriftScanRow).where(col(DriftScanRow.id) <= row.id - _KEEP_SCANS))
-            self._store._add_events(session, events, now)
+            self._sessions.add_events(session, events, now)
 
     def mark_drained(self, node: str, reason: str, now: datetime, actor: str = "daemon") -> None:
         """Remember that the daemon drained ``node`` for drift (event ``drift.drained``)."""
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             row = session.get(DriftDrainRow, node)
             if row is None:
                 session.add(DriftDrainRow(node=node, reason=reason, drained_at=now))
             else:
                 row.reason, row.drained_at = reason, now
             session.flush()
-            self._store._add_events(session, [NewEvent("drift.drained", node=node, actor=actor,
+            self._sessions.add_events(session, [NewEvent("drift.drained", node=node, actor=actor,
                                                         data={"reason": reason})], now)
 
     def release(self, node: str, now: datetime, *, resumed: bool, actor: str = "daemon") -> None:
         """Forget the daemon's drain of ``node``; ``resumed`` says whether Slurm was told to resume it."""
-        with self._store._write() as session:
+        with self._sessions.write() as session:
             row = session.get(DriftDrainRow, node)
             if row is None:
                 return
             session.delete(row)
             session.flush()
-            self._store._add_events(session, [NewEvent("drift.cleared", node=node, actor=actor,
+            self._sessions.add_events(session, [NewEvent("drift.cleared", node=node, actor=actor,
                                                         data={"resumed": resumed, "reason": row.reason})], now)
 
 

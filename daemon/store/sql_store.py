@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
-from ..errors import NotFoundError, StoreError, UsageError
+from ..errors import NotFoundError, UsageError
 from ..interfaces import AttemptUpdate, NewEvent
 from ..model import Attempt, AttemptState, Event, NodeObservation, NodeRecord, Run, RunState
+from .checkpoint_store import CheckpointStore
+from .drift_store import DriftStore
+from .sessions import Sessions
 from .tables import (
     AttemptRow,
     EventRow,
@@ -37,10 +39,6 @@ from .tables import (
 )
 
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-# pg_advisory_xact_lock key serializing event inserts ("b300" in ASCII, then 2).
-_EVENT_LOCK = 0x62333030_0002
-#: Execution option marking write transactions (on SQLite they BEGIN IMMEDIATE).
-WRITE_OPTION = "b300_write"
 _ACTIVE_STATES = [s.value for s in AttemptState if not s.is_terminal]
 
 
@@ -59,11 +57,22 @@ class SqlStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._sessions = Sessions(engine)
         self._url = engine.url
-        #: Stamped on every event appended through this store (the daemon sets it
-        #: to its identity and lease epoch once active).
-        self.daemon_identity: str | None = None
+        #: Checkpoint bookkeeping and version-drift state, in the same database and
+        #: transactions (their writes commit atomically with their events).
+        self.checkpoints = CheckpointStore(self._sessions)
+        self.drift = DriftStore(self._sessions)
+
+    @property
+    def daemon_identity(self) -> str | None:
+        """Stamped on every event appended through this store (the daemon sets it
+        to its identity and lease epoch once active)."""
+        return self._sessions.daemon_identity
+
+    @daemon_identity.setter
+    def daemon_identity(self, value: str | None) -> None:
+        self._sessions.daemon_identity = value
 
     @property
     def url(self) -> str:
@@ -86,7 +95,7 @@ class SqlStore:
                 " starting with a letter or digit"
             )
         _require_aware(now)
-        with self._write() as session:
+        with self._sessions.write() as session:
             if session.get(RunRow, run_id) is not None:
                 raise UsageError(f"run '{run_id}' already exists")
             row = RunRow(
@@ -100,11 +109,11 @@ class SqlStore:
             session.add(row)
             # Backstop for two creators racing on PostgreSQL.
             _flush_or(session, UsageError(f"run '{run_id}' already exists"))
-            self._add_events(session, events, now, run_id=run_id)
+            self._sessions.add_events(session, events, now, run_id=run_id)
             return to_run(row, 0)
 
     def get_run(self, run_id: str) -> Run:
-        with self._read() as session:
+        with self._sessions.read() as session:
             row = _get_run_row(session, run_id)
             return to_run(row, _attempt_counts(session, run_id).get(run_id, 0))
 
@@ -114,7 +123,7 @@ class SqlStore:
         if states is not None:
             query = query.where(col(RunRow.state).in_([RunState(s).value for s in states]))
         query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.id).desc())
-        with self._read() as session:
+        with self._sessions.read() as session:
             rows = session.exec(query).all()
             counts = _attempt_counts(session)
             return [to_run(row, counts.get(row.id, 0)) for row in rows]
@@ -124,12 +133,12 @@ class SqlStore:
     ) -> Run:
         """Set the run's state (any transition; the store does not judge them)."""
         _require_aware(now)
-        with self._write() as session:
+        with self._sessions.write() as session:
             row = _get_run_row(session, run_id)
             row.state = RunState(state).value
             row.updated_at = now
             session.flush()
-            self._add_events(session, events, now, run_id=run_id)
+            self._sessions.add_events(session, events, now, run_id=run_id)
             return to_run(row, _attempt_counts(session, run_id).get(run_id, 0))
 
     # -- attempts -----------------------------------------------------------
@@ -153,7 +162,7 @@ class SqlStore:
         """
         _require_aware(now)
         excluded = join_nodes(excluded_nodes)
-        with self._write() as session:
+        with self._sessions.write() as session:
             _get_run_row(session, run_id, for_update=True)
             active = session.exec(
                 select(AttemptRow)
@@ -182,7 +191,7 @@ class SqlStore:
             )
             session.add(row)
             _flush_or(session, UsageError(f"run '{run_id}' had another attempt begun meanwhile"))
-            self._add_events(session, events, now, run_id=run_id, attempt_id=row.id)
+            self._sessions.add_events(session, events, now, run_id=run_id, attempt_id=row.id)
             return to_attempt(row)
 
     def confirm_attempt(
@@ -194,7 +203,7 @@ class SqlStore:
         second sbatch for the same intent cannot overwrite the first job id.
         """
         _require_aware(now)
-        with self._write() as session:
+        with self._sessions.write() as session:
             row = _get_attempt_row(session, attempt_id)
             if row.state != AttemptState.SUBMITTING.value:
                 raise UsageError(
@@ -205,7 +214,7 @@ class SqlStore:
             row.state = AttemptState.PENDING.value
             row.updated_at = now
             session.flush()
-            self._add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
+            self._sessions.add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
             return to_attempt(row)
 
     def update_attempt(
@@ -228,7 +237,7 @@ class SqlStore:
         """Change the given fields (``None`` leaves a field as it is); ``updated_at`` = now."""
         _require_aware(now, start, end)
         joined_nodes = None if nodes is None else join_nodes(nodes)
-        with self._write() as session:
+        with self._sessions.write() as session:
             row = _get_attempt_row(session, attempt_id)
             if state is not None:
                 row.state = AttemptState(state).value
@@ -252,7 +261,7 @@ class SqlStore:
                 row.evidence = json.dumps(evidence, sort_keys=True, default=str)
             row.updated_at = now
             session.flush()
-            self._add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
+            self._sessions.add_events(session, events, now, run_id=row.run_id, attempt_id=attempt_id)
             return to_attempt(row)
 
     def update_attempts(self, updates: Sequence[AttemptUpdate], now: datetime) -> list[Attempt]:
@@ -261,7 +270,7 @@ class SqlStore:
         _require_aware(now, *[t for u in updates for t in (u.start, u.end)])
         if not updates:
             return []
-        with self._write() as session:
+        with self._sessions.write() as session:
             done: list[AttemptRow] = []
             for u in updates:
                 row = _get_attempt_row(session, u.attempt_id)
@@ -289,17 +298,17 @@ class SqlStore:
                         run.state = RunState(u.run_state).value
                         run.updated_at = now
                 session.flush()
-                self._add_events(session, events, now, run_id=row.run_id, attempt_id=row.id)
+                self._sessions.add_events(session, events, now, run_id=row.run_id, attempt_id=row.id)
                 done.append(row)
             return [to_attempt(row) for row in done]
 
     def get_attempt(self, attempt_id: int) -> Attempt:
-        with self._read() as session:
+        with self._sessions.read() as session:
             return to_attempt(_get_attempt_row(session, attempt_id))
 
     def attempts(self, run_id: str) -> list[Attempt]:
         """The run's attempts in order of number (NotFoundError for an unknown run)."""
-        with self._read() as session:
+        with self._sessions.read() as session:
             _get_run_row(session, run_id)
             rows = session.exec(
                 select(AttemptRow)
@@ -310,7 +319,7 @@ class SqlStore:
 
     def active_attempts(self) -> list[Attempt]:
         """Every non-terminal attempt of every run (SUBMITTING included), by id."""
-        with self._read() as session:
+        with self._sessions.read() as session:
             rows = session.exec(
                 select(AttemptRow)
                 .where(col(AttemptRow.state).in_(_ACTIVE_STATES))
@@ -320,7 +329,7 @@ class SqlStore:
 
     def attempts_since(self, since: datetime) -> list[Attempt]:
         """Every attempt that ended at or after ``since`` or has not ended, by id."""
-        with self._read() as session:
+        with self._sessions.read() as session:
             rows = session.exec(
                 select(AttemptRow)
                 .where(sa.or_(col(AttemptRow.ended_at).is_(None), col(AttemptRow.ended_at) >= since))
@@ -335,8 +344,8 @@ class SqlStore:
         _require_aware(now)
         if not events:
             return []
-        with self._write() as session:
-            return [to_event(row) for row in self._add_events(session, events, now)]
+        with self._sessions.write() as session:
+            return [to_event(row) for row in self._sessions.add_events(session, events, now)]
 
     def events(
         self,
@@ -367,7 +376,7 @@ class SqlStore:
         query = query.order_by(col(EventRow.id))
         if limit is not None:
             query = query.limit(max(limit, 0))
-        with self._read() as session:
+        with self._sessions.read() as session:
             return [to_event(row) for row in session.exec(query).all()]
 
     # -- nodes --------------------------------------------------------------
@@ -383,7 +392,7 @@ class SqlStore:
         """
         _require_aware(now)
         latest = {obs.name: obs for obs in observed}  # the last report of a name wins
-        with self._write() as session:
+        with self._sessions.write() as session:
             known = {row.name: row for row in session.exec(select(NodeRow)).all()}
             changed: list[NodeRow] = []
             events: list[NewEvent] = []
@@ -410,12 +419,12 @@ class SqlStore:
                     row.state, row.reason, row.updated_at = obs.state, obs.reason, now
                 changed.append(row)
             session.flush()
-            self._add_events(session, events, now)
+            self._sessions.add_events(session, events, now)
             return [to_node(row) for row in changed]
 
     def list_nodes(self) -> list[NodeRecord]:
         """Every known node, by name."""
-        with self._read() as session:
+        with self._sessions.read() as session:
             rows = session.exec(select(NodeRow).order_by(col(NodeRow.name))).all()
             return [to_node(row) for row in rows]
 
@@ -426,7 +435,7 @@ class SqlStore:
         ``live``: unexpired by the database's clock. None if no daemon ever held it."""
         from .lease_tables import LeaseRow
 
-        with self._read() as session:
+        with self._sessions.read() as session:
             row = session.get(LeaseRow, name)
             if row is None:
                 return None
@@ -457,56 +466,6 @@ class SqlStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    # -- internals ----------------------------------------------------------
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        """A session in one write transaction, committed on success."""
-        with store_errors(self._url), Session(self._writer) as session, session.begin():
-            yield session
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        """A session for reading; its transaction is rolled back on exit."""
-        with store_errors(self._url), Session(self._engine) as session:
-            yield session
-
-    def _add_events(
-        self,
-        session: Session,
-        events: Sequence[NewEvent],
-        now: datetime,
-        *,
-        run_id: str | None = None,
-        attempt_id: int | None = None,
-    ) -> list[EventRow]:
-        if not events:
-            return []
-        if session.get_bind().dialect.name == "postgresql":
-            # Sequence values are handed out at INSERT but become visible at
-            # COMMIT, so concurrent writers could commit id 7 after a reader
-            # paging with after_id saw 8. Holding this lock to commit keeps
-            # ids visible in order. It is taken after every row lock, last.
-            session.connection().execute(
-                sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _EVENT_LOCK}
-            )
-        rows = [
-            EventRow(
-                ts=now,
-                kind=ev.kind,
-                run_id=ev.run_id if ev.run_id is not None else run_id,
-                attempt_id=ev.attempt_id if ev.attempt_id is not None else attempt_id,
-                node=ev.node,
-                actor=ev.actor,
-                data=json.dumps(ev.data, sort_keys=True),
-                daemon=self.daemon_identity,
-            )
-            for ev in events
-        ]
-        session.add_all(rows)
-        session.flush()
-        return rows
 
 
 # -- row access ----------------------------------------------------------------
@@ -549,31 +508,3 @@ def _flush_or(session: Session, error: UsageError) -> None:
         session.flush()
     except sa_exc.IntegrityError as exc:
         raise error from exc
-
-
-# -- database errors -----------------------------------------------------------
-
-
-@contextmanager
-def store_errors(url: URL) -> Iterator[None]:
-    """Turn database failures into a one-line StoreError naming the (masked) URL."""
-    try:
-        yield
-    except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError) as exc:
-        raise StoreError(f"state store unavailable ({masked(url)}): {_reason(exc, url)}") from exc
-    except sa_exc.DBAPIError as exc:
-        raise StoreError(f"state store error ({masked(url)}): {_reason(exc, url)}") from exc
-
-
-def masked(url: URL) -> str:
-    """The URL as text with its password replaced by ***."""
-    return url.render_as_string(hide_password=True)
-
-
-def _reason(exc: BaseException, url: URL) -> str:
-    """The first line of the driver's message, without the password if it echoes it."""
-    text = str(getattr(exc, "orig", None) or exc)
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
-    if url.password:
-        line = line.replace(str(url.password), "***")
-    return line[:300]

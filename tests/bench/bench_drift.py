@@ -47,7 +47,6 @@ from b300.drift.scanner import DriftScanner  # noqa: E402
 from b300.drift.ssh import ParamikoRunner, probe_script  # noqa: E402
 from b300.slurm.cli import CliSlurmClient  # noqa: E402
 from b300.store import open_store  # noqa: E402
-from b300.store.drift_store import DriftStore  # noqa: E402
 
 
 def _cpu(who: int) -> float:
@@ -91,7 +90,7 @@ def main() -> int:
         ours, theirs = [], []
         for rnd in range(args.rounds):
             with open_store(f"sqlite:///{base / f'state{rnd}.db'}") as store:
-                scanner = DriftScanner(cfg, DriftStore(store), CliSlurmClient(), probes=probes,
+                scanner = DriftScanner(cfg, store.drift, CliSlurmClient(), probes=probes,
                                        runner=ParamikoRunner(cfg.ssh, cfg.endpoints()))
                 c0, w0 = _cpu(resource.RUSAGE_SELF), time.monotonic()
                 result = scanner.scan(None, datetime.now(UTC))

@@ -16,7 +16,6 @@ from b300.report.compute import Window
 from b300.report.render import render_text
 from b300.spec import parse_spec
 from b300.store import SqlStore
-from b300.store.checkpoint_store import CheckpointStore
 from store_fixtures import pg_database_fixture, store_fixture, store_url_fixture  # noqa: F401
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -48,7 +47,7 @@ def _metric(text: str, name: str, run: str) -> float | None:
 def test_young_daly_beside_the_interval_in_status_report_and_metrics(store: SqlStore) -> None:
     started = NOW - timedelta(hours=2)
     _running_run(store, "yd-run", started, failed_before=True)
-    CheckpointStore(store).record_listing("yd-run", [
+    store.checkpoints.record_listing("yd-run", [
         CheckpointInfo(f"/ckpt/yd/step_{s}", s, started + timedelta(minutes=20 * s), True, 10, 3, save_s=save)
         for s, save in ((1, 40.0), (2, 50.0), (3, 45.0))], NOW)
     spec = parse_spec(SPEC)

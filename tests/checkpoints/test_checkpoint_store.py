@@ -10,7 +10,6 @@ import pytest
 from b300.errors import NotFoundError
 from b300.model import CheckpointInfo
 from b300.store import SqlStore
-from b300.store.checkpoint_store import CheckpointStore
 from store_fixtures import pg_database_fixture, store_fixture, store_url_fixture  # noqa: F401
 
 NOW = datetime(2026, 11, 29, 12, tzinfo=UTC)
@@ -22,7 +21,7 @@ def _ck(step: int, size: int = 100) -> CheckpointInfo:
 
 def test_listing_verdicts_marks_replicas_and_prunes(store: SqlStore) -> None:
     store.create_run("r1", "r1", "spec", NOW)
-    cs = CheckpointStore(store)
+    cs = store.checkpoints
     cs.record_listing("r1", [_ck(2), _ck(1)], NOW)
     assert [c.info.step for c in cs.checkpoints("r1")] == [1, 2]
     assert cs.checkpoints("r1")[0].verified is None
@@ -56,7 +55,7 @@ def test_listing_verdicts_marks_replicas_and_prunes(store: SqlStore) -> None:
 
 def test_save_time_is_kept_and_updated(store: SqlStore) -> None:
     store.create_run("r1", "r1", "spec", NOW)
-    cs = CheckpointStore(store)
+    cs = store.checkpoints
     cs.record_listing("r1", [replace(_ck(1), save_s=12.5), _ck(2)], NOW)
     assert [c.info.save_s for c in cs.checkpoints("r1")] == [12.5, None]
     cs.record_listing("r1", [replace(_ck(1), save_s=12.5), replace(_ck(2), save_s=3.0)], NOW)
@@ -66,4 +65,4 @@ def test_save_time_is_kept_and_updated(store: SqlStore) -> None:
 def test_unknown_checkpoint_is_not_found(store: SqlStore) -> None:
     store.create_run("r2", "r2", "spec", NOW)
     with pytest.raises(NotFoundError):
-        CheckpointStore(store).record_verification("r2", "/nope", True, NOW)
+        store.checkpoints.record_verification("r2", "/nope", True, NOW)

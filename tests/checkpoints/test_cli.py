@@ -15,7 +15,6 @@ from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest
 from b300.ctl import main
 from b300.store import open_store
-from b300.store.checkpoint_store import CheckpointStore
 
 NOW = datetime.now(UTC)
 
@@ -32,7 +31,7 @@ def _setup(tmp_path: Path) -> tuple[Path, Path]:
             f'[checkpoint]\ndir = {json.dumps(str(ckpt))}\nlayout = "generic"\ninterval = "1h"\n')
     with open_store(url) as store:
         store.create_run("ck-1", "ck", spec, NOW)
-        cs = CheckpointStore(store)
+        cs = store.checkpoints
         found = load_layout("generic").list_checkpoints(str(ckpt))
         cs.record_listing("ck-1", found, NOW)
         for c in found[:5]:

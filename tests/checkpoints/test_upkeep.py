@@ -25,8 +25,8 @@ from b300.checkpoints.replicate import load_target, replica_records, verify_repl
 from b300.checkpoints.retention import RetentionPolicy
 from b300.checkpoints.upkeep import CheckpointUpkeep
 from b300.errors import ConfigError
+from b300.interfaces import CheckpointRepository
 from b300.store import SqlStore, open_store
-from b300.store.checkpoint_store import CheckpointStore
 
 NOW = datetime.now(UTC)
 RUN = "up-1"
@@ -38,7 +38,7 @@ def store(tmp_path: Path) -> Iterator[SqlStore]:
         yield s  # type: ignore[misc]
 
 
-def _run(store: SqlStore, ckpt: Path, steps: list[int]) -> CheckpointStore:
+def _run(store: SqlStore, ckpt: Path, steps: list[int]) -> CheckpointRepository:
     """A run whose generic-layout checkpoints all have manifests (as the watch pass makes them)."""
     for i, step in enumerate(steps):
         d = generic(ckpt, step, t=(NOW - timedelta(hours=len(steps) - i)).timestamp())
@@ -46,7 +46,7 @@ def _run(store: SqlStore, ckpt: Path, steps: list[int]) -> CheckpointStore:
     spec = (f'name = "up"\n[job]\ncommand = "true"\nnodes = 1\ngpus_per_node = 0\n'
             f'[checkpoint]\ndir = {json.dumps(str(ckpt))}\nlayout = "generic"\ninterval = "1h"\n')
     store.create_run(RUN, "up", spec, NOW)
-    cs = CheckpointStore(store)
+    cs = store.checkpoints
     found = load_layout("generic").list_checkpoints(str(ckpt))
     cs.record_listing(RUN, found, NOW)
     for c in found:
@@ -74,7 +74,7 @@ def _config(targets: list[TargetConfig], **kw: Any) -> CheckpointsConfig:
 
 
 def _upkeep(store: SqlStore, cfg: CheckpointsConfig) -> CheckpointUpkeep:
-    return CheckpointUpkeep(store, CheckpointStore(store), cfg, lambda: datetime.now(UTC),
+    return CheckpointUpkeep(store, store.checkpoints, cfg, lambda: datetime.now(UTC),
                             action_lock=threading.Lock())
 
 
@@ -277,7 +277,7 @@ def test_watch_pass_fingerprints_an_ended_run_and_verifies_unjudged_manifests(
             f'[checkpoint]\ndir = {json.dumps(str(ckpt))}\nlayout = "generic"\ninterval = "1h"\n')
     store.create_run(RUN, "up", spec, NOW)
     store.set_run_state(RUN, RunState.COMPLETED, datetime.now(UTC))
-    cs = CheckpointStore(store)
+    cs = store.checkpoints
     # No Slurm call happens: an ended run is not checked against its schedule.
     CheckpointPass(store, cs, CliSlurmClient(bin_dir=str(tmp_path / "none")), lambda: datetime.now(UTC),
                    manifests_per_pass=10).run_once()

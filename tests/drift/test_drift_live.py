@@ -24,7 +24,6 @@ from b300.drift.scanner import DriftScanner
 from b300.drift.ssh import ParamikoRunner
 from b300.slurm.cli import CliSlurmClient
 from b300.store import SqlStore, open_store
-from b300.store.drift_store import DriftStore
 from helpers import slurm_cmd
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -50,7 +49,7 @@ def store(tmp_path: Path) -> Iterator[SqlStore]:
 
 
 def scanner(cfg: DriftConfig, store: SqlStore, slurm_conf: str) -> DriftScanner:
-    return DriftScanner(cfg, DriftStore(store), CliSlurmClient(slurm_conf=slurm_conf),
+    return DriftScanner(cfg, store.drift, CliSlurmClient(slurm_conf=slurm_conf),
                         probes=load_probes(cfg.probes), runner=ParamikoRunner(cfg.ssh, cfg.endpoints()))
 
 
@@ -78,7 +77,7 @@ def test_a_node_with_another_nccl_is_drained_and_returns_when_fixed(
         shown = slurm_cmd(slurm_conf, "scontrol", "show", "node", "gpu03")
         assert "Reason=drift: nccl 2.21.5 != 2.23.4" in shown
         assert "gpu03" in slurm_cmd(slurm_conf, "sinfo", "-R", "--noheader", "--format=%E|%N")
-        assert DriftStore(store).open_drift_nodes() == {"gpu03"}
+        assert store.drift.open_drift_nodes() == {"gpu03"}
         assert result.reports[0].values["driver"].value == "580.65.06"
 
         # Scanning again changes nothing: the finding stays open, no second drain.
@@ -90,7 +89,7 @@ def test_a_node_with_another_nccl_is_drained_and_returns_when_fixed(
         assert fixed.findings == () and [f.node for f in fixed.closed] == ["gpu03"]
         assert fixed.resumed == ("gpu03",)
         assert "drain" not in node_info(slurm_conf, "gpu03")[0]
-        assert DriftStore(store).open_drift_nodes() == set() and DriftStore(store).drained_nodes() == {}
+        assert store.drift.open_drift_nodes() == set() and store.drift.drained_nodes() == {}
         kinds = [(e.kind, e.node) for e in store.events()]
         assert kinds == [("drift.finding", "gpu03"), ("drift.drained", "gpu03"), ("drift.cleared", "gpu03"),
                          ("drift.cleared", "gpu03")]

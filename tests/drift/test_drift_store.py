@@ -6,7 +6,6 @@ from datetime import UTC, datetime, timedelta
 
 from b300.drift.records import Finding, FindingKind, Policy
 from b300.store import SqlStore
-from b300.store.drift_store import DriftStore
 from store_fixtures import (  # noqa: F401  (fixtures: store, store_url, pg_database)
     pg_database_fixture,
     store_fixture,
@@ -17,7 +16,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def test_findings_drains_and_scans_with_their_events(store: SqlStore) -> None:
-    drift = DriftStore(store)
+    drift = store.drift
     assert drift.last_scan() is None and drift.open_findings() == [] and drift.open_drift_nodes() == set()
     nccl = Finding("gpu03", "nccl", FindingKind.DRIFT, "2.23.4", "2.21.5", Policy.DRAIN)
     kernel = Finding("gpu02", "kernel", FindingKind.DRIFT, "6.1.0", "6.1.1", Policy.WARN)

@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from b300.interfaces import NewEvent
 from b300.model import AttemptState, CheckpointInfo, RunState
 from b300.store import SqlStore
-from b300.store.checkpoint_store import CheckpointStore
 
 W0 = datetime(2026, 11, 16, tzinfo=UTC)  # a Monday
 W1 = W0 + timedelta(days=7)
@@ -98,7 +97,7 @@ def build_history(store: SqlStore) -> Expected:
              progress=[(timedelta(minutes=12), 880), (timedelta(minutes=20), 900), (timedelta(hours=2), 1200)])
     store.set_run_state("run-a", RunState.RUNNING, a3_start)
     # Its checkpoints: two replicated to s3, the newest not yet.
-    ckpts = CheckpointStore(store)
+    ckpts = store.checkpoints
     listed = [CheckpointInfo(f"/lustre/ckpt/llama-a/step{n}", n, W1 - timedelta(hours=h), True, 40 * 10**9, 64)
               for n, h in ((900, 5), (1000, 3), (1100, 1.5))]
     ckpts.record_listing("run-a", listed, W1 - timedelta(hours=1))
