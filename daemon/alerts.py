@@ -24,14 +24,13 @@ from datetime import datetime, timedelta
 import structlog
 
 from .errors import B300Error
+from .events import ALERT_MARKS, DRAINS, Kind
 from .interfaces import NewEvent, Store
 from .model import Event
 from .ops_config import AlertsConfig, SmtpConfig
 from .report.mail import alert_message, send_mail
 
 log = structlog.get_logger(__name__)
-ALERT_KINDS = ("recovery.budget_spent", "checkpoint.overdue")
-DRAIN_KINDS = ("node.drained", "drift.drained")
 BURST_WINDOW = timedelta(minutes=10)
 _CURSOR_EVERY = timedelta(minutes=5)
 WEBHOOK_TIMEOUT_S = 10.0
@@ -56,17 +55,17 @@ def alerts_for(new: Sequence[Event], recent_drains: Sequence[Event], drained_bur
     """Alerts for the ``new`` events; ``recent_drains`` are drain events of the 10 minutes before them
     (and may overlap ``new``)."""
     alerts: list[Alert] = []
-    drains = sorted({e.id: e for e in [*recent_drains, *new] if e.kind in DRAIN_KINDS}.values(),
+    drains = sorted({e.id: e for e in [*recent_drains, *new] if e.kind in DRAINS}.values(),
                     key=lambda e: e.id)
     for e in new:
-        if e.kind == "recovery.budget_spent":
+        if e.kind == Kind.RECOVERY_BUDGET_SPENT:
             alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id} stopped: {e.data.get('why', '')}"[:300],
                                 run_id=e.run_id))
-        elif e.kind == "checkpoint.overdue":
+        elif e.kind == Kind.CHECKPOINT_OVERDUE:
             alerts.append(Alert(e.id, e.kind, e.ts, str(e.data.get("message") or
                                                         f"run {e.run_id}: checkpoint overdue")[:300],
                                 run_id=e.run_id))
-        elif e.kind in DRAIN_KINDS:
+        elif e.kind in DRAINS:
             burst = [d for d in drains if d.id <= e.id and d.ts >= e.ts - BURST_WINDOW]
             # One alert when the burst reaches the threshold, not one per further drain.
             if len(burst) == drained_burst:
@@ -107,7 +106,7 @@ class AlertScanner:
             self._cursor = self._load_cursor()
 
     def _load_cursor(self) -> int:
-        marks = self._store.events(kinds=["alert.sent", "alerts.cursor"])
+        marks = self._store.events(kinds=list(ALERT_MARKS))
         if marks:
             return max(int(e.data.get("last_id", 0)) for e in marks)
         newest = 0
@@ -118,7 +117,7 @@ class AlertScanner:
 
     def _save_cursor(self, last_id: int) -> None:
         now = self._clock()
-        self._store.append_events([NewEvent("alerts.cursor", data={"last_id": last_id})], now)
+        self._store.append_events([NewEvent(Kind.ALERTS_CURSOR, data={"last_id": last_id})], now)
         self._cursor_saved_at = now
 
     def scan(self) -> int:
@@ -133,8 +132,8 @@ class AlertScanner:
         if not new:
             self._cursor = fetched[-1].id if fetched else self._cursor
             return 0
-        first_drain = min((e.ts for e in new if e.kind in DRAIN_KINDS), default=None)
-        recent = (self._store.events(kinds=list(DRAIN_KINDS), since=first_drain - BURST_WINDOW)
+        first_drain = min((e.ts for e in new if e.kind in DRAINS), default=None)
+        recent = (self._store.events(kinds=list(DRAINS), since=first_drain - BURST_WINDOW)
                   if first_drain is not None else [])
         sent = 0
         for alert in alerts_for(new, recent, cfg.drained_burst):
@@ -143,7 +142,7 @@ class AlertScanner:
                 # Nothing got through: keep the cursor before it and try again next scan.
                 self._cursor = alert.event_id - 1
                 return sent
-            self._store.append_events([NewEvent("alert.sent", run_id=alert.run_id, node=alert.node, data={
+            self._store.append_events([NewEvent(Kind.ALERT_SENT, run_id=alert.run_id, node=alert.node, data={
                 "last_id": alert.event_id, "kind": alert.kind, "summary": alert.summary})], self._clock())
             sent += 1
         self._cursor = fetched[-1].id

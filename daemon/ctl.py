@@ -26,6 +26,7 @@ from .config import Config, config_path, load_config
 from .control import ask_daemon
 from .drift.cli import add_drift_commands, run_drift_command
 from .errors import B300Error, StoreError, one_line
+from .events import ACCOUNTING, Kind
 from .events_cli import add_events_command, run_events
 from .interfaces import Store
 from .model import Attempt, Run
@@ -215,10 +216,8 @@ def _daemon_line(cfg: Config, store: Store) -> str:
 
 def _accounting_note(store: Store) -> str | None:
     """One line when the daemon's last word on Slurm accounting is that it is down."""
-    from .tracker import ACCOUNTING_DOWN, ACCOUNTING_UP
-
-    last = store.events(kinds=[ACCOUNTING_DOWN, ACCOUNTING_UP])[-1:]
-    if not last or last[0].kind != ACCOUNTING_DOWN:
+    last = store.events(kinds=list(ACCOUNTING))[-1:]
+    if not last or last[0].kind != Kind.ACCOUNTING_UNAVAILABLE:
         return None
     error = str(last[0].data.get("error") or "")
     return (f"note: Slurm accounting (sacct/slurmdbd) has not answered since "
@@ -273,7 +272,7 @@ def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -
         print_table([[f"  {x['node']}", x["cause"], x["detail"], x["now"]] for x in exclusions])
     print("\nevents:")
     # Progress events (every few minutes) would crowd out the ones a person looks for.
-    for e in [e for e in events if e["kind"] != "attempt.progress"][-50:]:
+    for e in [e for e in events if e["kind"] != Kind.ATTEMPT_PROGRESS][-50:]:
         detail = " ".join(f"{k}={v}" for k, v in e["data"].items() if v not in (None, "", []))
         print(f"  {e['ts'][:19].replace('T', ' ')}  {e['kind']:<24} {e['actor']:<8} {detail}")
     if note:

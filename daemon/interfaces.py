@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .events import check_event
 from .model import (
     Attempt,
     AttemptState,
@@ -166,6 +167,9 @@ class NodeCommandRunner(Protocol):
 class NewEvent:
     """An event to append. The store assigns its id; its time is the ``now`` of the call.
 
+    ``kind`` must be a :class:`b300.events.Kind` and ``data`` may only use the keys
+    :data:`b300.events.PAYLOAD` declares for it (ValueError otherwise).
+
     An event passed to a store method with ``run_id`` or ``attempt_id`` left
     ``None`` is filled in with the run or attempt that method is about (so the
     event of ``begin_attempt`` names the attempt it created).
@@ -177,6 +181,11 @@ class NewEvent:
     node: str | None = None
     actor: str = "daemon"
     data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Kinds and their payload keys are declared once (b300.events); a writer that
+        # strays from them is a bug, caught by the first test that runs it.
+        check_event(self.kind, self.data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import structlog
 from .checkpoints.advice import RunSchedule, stored_run_schedule
 from .checkpoints.schedule import HISTORY
 from .errors import B300Error
+from .events import Kind
 from .health import CycleSnapshot
 from .interfaces import Store
 from .model import RunState
@@ -111,7 +112,7 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         by_state: dict[str, int] = {}
         for r in runs:
             by_state[r.state.value] = by_state.get(r.state.value, 0) + 1
-        recoveries = len(store.events(kinds=["recovery.resubmit"]))
+        recoveries = len(store.events(kinds=[Kind.RECOVERY_RESUBMIT]))
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}

@@ -10,9 +10,9 @@ from typing import Any
 
 from .config import Config
 from .control import ask_daemon
+from .events import DRAINS, NODE_HISTORY, Kind
 from .interfaces import Store
-
-_HISTORY_KINDS = ("node.failed", "node.suspect", "node.drained", "node.resumed", "node.state")
+from .model import Event
 
 
 def add_node_commands(
@@ -43,23 +43,24 @@ def run_nodes(cfg: Config, args: argparse.Namespace, open_store: Callable[[Confi
     store = open_store(cfg)
     try:
         nodes = store.list_nodes()
-        history = store.events(kinds=list(_HISTORY_KINDS))
+        history = store.events(kinds=list(NODE_HISTORY))
     finally:
         store.close()
     rows: list[dict[str, Any]] = []
     for node in nodes:
         mine = [e for e in history if e.node == node.name]
-        drains = [e for e in mine if e.kind == "node.drained"]
+        # Every drain the daemon made, for a failure, a black hole or version drift.
+        drains = [e for e in mine if e.kind in DRAINS]
         rows.append({
             "node": node.name, "state": node.state, "reason": node.reason,
-            "failed": sum(e.kind == "node.failed" for e in mine),
-            "suspect": sum(e.kind == "node.suspect" for e in mine),
-            "drained": len(drains), "resumed": sum(e.kind == "node.resumed" for e in mine),
+            "failed": sum(e.kind == Kind.NODE_FAILED for e in mine),
+            "suspect": sum(e.kind == Kind.NODE_SUSPECT for e in mine),
+            "drained": len(drains), "resumed": sum(_returned(e) for e in mine),
             "runs": sorted({e.run_id for e in mine if e.run_id}),
             "last_drain": drains[-1].data.get("reason") if drains else None,
             "history": [{"ts": e.ts.isoformat(), "kind": e.kind, "run_id": e.run_id,
                          "actor": e.actor, "data": e.data}
-                        for e in mine if e.kind != "node.state"][-20:],
+                        for e in mine if e.kind != Kind.NODE_STATE][-20:],
         })
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -71,3 +72,8 @@ def run_nodes(cfg: Config, args: argparse.Namespace, open_store: Callable[[Confi
                str(r["drained"]), str(r["resumed"]), r["reason"] or ""] for r in rows]
     print_table(table)
     return 0
+
+
+def _returned(e: Event) -> bool:
+    """An operator's resume, or the drift scan resuming a node it had drained."""
+    return e.kind == Kind.NODE_RESUMED or (e.kind == Kind.DRIFT_CLEARED and e.data.get("resumed") is True)

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 import structlog
 
 from .errors import SlurmError, UsageError
+from .events import EXCLUSIONS, Kind
 from .faults import crashpoint
 from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
@@ -39,7 +40,7 @@ def attempt_exclusions(store: Store, attempt: Attempt) -> list[Exclusion]:
     """The attempt's exclusions with their causes, read from its latest ``attempt.intent``
     or ``attempt.excluded`` event (b300ctl status shows them too)."""
     found = [e for e in store.events(run_id=attempt.run_id,
-                                     kinds=["attempt.intent", "attempt.excluded"])
+                                     kinds=list(EXCLUSIONS))
              if e.attempt_id == attempt.id]
     return exclusions_of(found[-1].data if found else {}, attempt.excluded_nodes)
 
@@ -79,12 +80,12 @@ class RunService:
         now = self._clock()
         run_id = new_run_id(spec.name)
         self._store.create_run(run_id, spec.name, spec_toml, now, events=[
-            NewEvent("run.created", run_id=run_id, actor=actor, data={"name": spec.name}),
+            NewEvent(Kind.RUN_CREATED, run_id=run_id, actor=actor, data={"name": spec.name}),
         ])
         plan = self.plan_exclusions(spec, [Exclusion(n, "drift", "open drift finding")
                                            for n in self._avoid()])
         attempt = self._store.begin_attempt(run_id, now, excluded_nodes=plan.nodes, events=[
-            NewEvent("attempt.intent", run_id=run_id, actor=actor,
+            NewEvent(Kind.ATTEMPT_INTENT, run_id=run_id, actor=actor,
                      data={"number": 1, "exclude": plan.nodes,
                            "exclusions": [e.to_dict() for e in plan.kept]}),
             *self._plan_events(run_id, plan, actor),
@@ -160,7 +161,7 @@ class RunService:
             data["checkpoints_checked"] = list(checked)
         attempt = self._store.begin_attempt(
             run_id, now, excluded_nodes=plan.nodes, resume_from=resume_from, events=[
-                NewEvent("attempt.intent", run_id=run_id, actor=actor, data=data),
+                NewEvent(Kind.ATTEMPT_INTENT, run_id=run_id, actor=actor, data=data),
                 *self._plan_events(run_id, plan, actor),
             ])
         self._set_run_state(run_id, attempt)
@@ -194,7 +195,7 @@ class RunService:
         if not plan.dropped:
             return []
         return [NewEvent(
-            "exclusions.trimmed" if plan.trimmed else "exclusions.ended", run_id=run_id,
+            Kind.EXCLUSIONS_TRIMMED if plan.trimmed else Kind.EXCLUSIONS_ENDED, run_id=run_id,
             actor=actor, data={"dropped": [{**e.to_dict(), "why": why} for e, why in plan.dropped],
                                "kept": plan.nodes})]
 
@@ -212,14 +213,14 @@ class RunService:
             # The intent never reached Slurm: give it up instead of submitting it.
             attempt = self._store.update_attempt(
                 attempt.id, now, state=AttemptState.ABANDONED, reason=f"cancelled by {actor}",
-                events=[NewEvent("attempt.abandoned", run_id=run_id, attempt_id=attempt.id,
+                events=[NewEvent(Kind.ATTEMPT_ABANDONED, run_id=run_id, attempt_id=attempt.id,
                                  actor=actor, data={"why": "cancelled before it reached Slurm"})])
             self._store.set_run_state(run_id, RunState.CANCELLED, now, events=[
-                NewEvent("run.state", run_id=run_id, actor=actor, data={"to": "CANCELLED"})])
+                NewEvent(Kind.RUN_STATE, run_id=run_id, actor=actor, data={"to": "CANCELLED"})])
             return self._store.get_run(run_id)
         self._slurm.cancel(attempt.slurm_job_id)
         self._store.append_events([NewEvent(
-            "run.cancel", run_id=run_id, attempt_id=attempt.id, actor=actor,
+            Kind.RUN_CANCEL, run_id=run_id, attempt_id=attempt.id, actor=actor,
             data={"job_id": attempt.slurm_job_id})], now)
         return self._store.get_run(run_id)
 
@@ -239,10 +240,10 @@ class RunService:
                 if extra.job_id != keep.job_id and not extra.state.is_terminal:
                     self._slurm.cancel(extra.job_id)
                     self._store.append_events([NewEvent(
-                        "attempt.duplicate_cancelled", run_id=attempt.run_id,
+                        Kind.ATTEMPT_DUPLICATE_CANCELLED, run_id=attempt.run_id,
                         attempt_id=attempt.id, data={"job_id": extra.job_id})], now)
             confirmed = self._store.confirm_attempt(attempt.id, keep.job_id, now, events=[
-                NewEvent("attempt.adopted", run_id=attempt.run_id, attempt_id=attempt.id,
+                NewEvent(Kind.ATTEMPT_ADOPTED, run_id=attempt.run_id, attempt_id=attempt.id,
                          data={"job_id": keep.job_id, "slurm_state": keep.state.value})])
             self._set_run_state(attempt.run_id, confirmed)
             return confirmed
@@ -269,7 +270,7 @@ class RunService:
             if exc.transient:
                 # Slurm may or may not have it: leave the intent for resolve_intent.
                 self._store.append_events([NewEvent(
-                    "attempt.submit_deferred", run_id=attempt.run_id, attempt_id=attempt.id,
+                    Kind.ATTEMPT_SUBMIT_DEFERRED, run_id=attempt.run_id, attempt_id=attempt.id,
                     data={"error": str(exc)})], now)
                 log.warning("attempt.submit_deferred", run=attempt.run_id, error=str(exc))
                 return attempt
@@ -279,21 +280,21 @@ class RunService:
                 # anyway, so submit without them and let the job wait for nodes instead.
                 attempt = self._store.update_attempt(
                     attempt.id, now, excluded_nodes=(), events=[NewEvent(
-                        "exclusions.trimmed", run_id=attempt.run_id, attempt_id=attempt.id,
+                        Kind.EXCLUSIONS_TRIMMED, run_id=attempt.run_id, attempt_id=attempt.id,
                         data={"why": str(exc)[:300], "kept": [], "dropped": [
                             {"node": n, "why": "Slurm refused the job with it excluded"}
                             for n in attempt.excluded_nodes]})])
                 return self._sbatch(attempt, spec)
             failed = self._store.update_attempt(
                 attempt.id, now, state=AttemptState.ABANDONED, reason=str(exc)[:500],
-                events=[NewEvent("attempt.submit_refused", run_id=attempt.run_id,
+                events=[NewEvent(Kind.ATTEMPT_SUBMIT_REFUSED, run_id=attempt.run_id,
                                  attempt_id=attempt.id, data={"error": str(exc)})])
             self._set_run_state(attempt.run_id, failed)
             raise
         crashpoint("after_sbatch", attempt.number)
         now = self._clock()
         confirmed = self._store.confirm_attempt(attempt.id, job_id, now, events=[
-            NewEvent("attempt.submitted", run_id=attempt.run_id, attempt_id=attempt.id,
+            NewEvent(Kind.ATTEMPT_SUBMITTED, run_id=attempt.run_id, attempt_id=attempt.id,
                      data={"job_id": job_id, "job_name": request.job_name,
                            "exclude": list(request.excluded_nodes)})])
         self._set_run_state(attempt.run_id, confirmed)
@@ -305,5 +306,5 @@ class RunService:
         run = self._store.get_run(run_id)
         if run.state != state:
             self._store.set_run_state(run_id, state, self._clock(), events=[
-                NewEvent("run.state", run_id=run_id,
+                NewEvent(Kind.RUN_STATE, run_id=run_id,
                          data={"from": run.state.value, "to": state.value})])

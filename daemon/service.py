@@ -29,6 +29,7 @@ from .config import Config, load_config, trigger_program
 from .control import ControlServer, Peer, is_admin
 from .drift.service import make_drift_service
 from .errors import B300Error, ConfigError, NotFoundError, SlurmError, StoreError, UsageError
+from .events import Kind
 from .fence import Fence, FencedSlurm
 from .health import CycleHealth, Watchdog, watchdog_interval_s
 from .interfaces import NewEvent, SlurmClient, Store
@@ -356,7 +357,7 @@ class Daemon:
             if known and node not in known:
                 raise NotFoundError(f"unknown node {node!r}")
             self.slurm.resume_node(node)
-            self.store.append_events([NewEvent("node.resumed", node=node, actor=actor)],
+            self.store.append_events([NewEvent(Kind.NODE_RESUMED, node=node, actor=actor)],
                                      self.clock())
             return {"node": node}
         if op == "submit":
@@ -466,7 +467,7 @@ class Daemon:
             # A clean stop gives the lease up (expires_at set back to then).
             data["old_released"] = (prev.expires_at - prev.renewed_at).total_seconds() \
                 < lease.ttl_s - 0.5
-        kind = "ha.failover" if prev is not None else "ha.acquired"
+        kind = Kind.HA_FAILOVER if prev is not None else Kind.HA_ACQUIRED
         self.store.daemon_identity = f"{lease.identity} e{lease.epoch}"
         try:
             self.store.append_events([NewEvent(kind, data=data)], self.clock())
@@ -500,7 +501,7 @@ class Daemon:
             new = load_config(self.config.path)
         except ConfigError as exc:
             log.error("config.refused", path=self.config.path, reason=str(exc))
-            self._record_config_event("config.refused", {"reason": str(exc)})
+            self._record_config_event(Kind.CONFIG_REFUSED, {"reason": str(exc)})
             return
         change = plan_reload(self.config, new)
         with self._lock:
@@ -517,7 +518,7 @@ class Daemon:
         self.ops.reconfigure(old, change.config)
         log.info("config.reloaded", path=self.config.path, changed=list(change.applied),
                  needs_restart=list(change.needs_restart))
-        self._record_config_event("config.reloaded", {"changed": list(change.applied),
+        self._record_config_event(Kind.CONFIG_RELOADED, {"changed": list(change.applied),
                                                       "needs_restart": list(change.needs_restart)})
 
     def _record_config_event(self, kind: str, data: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from datetime import datetime
 import structlog
 
 from .errors import SlurmError
+from .events import ACCOUNTING, Kind
 from .interfaces import AttemptUpdate, NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, JobObservation, RunState
 from .recovery.service import RecoveryService
@@ -25,9 +26,8 @@ log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
 
 
-#: Event kinds that open and close an accounting outage (one pair per outage).
-ACCOUNTING_DOWN = "accounting.unavailable"
-ACCOUNTING_UP = "accounting.restored"
+ACCOUNTING_DOWN = Kind.ACCOUNTING_UNAVAILABLE
+ACCOUNTING_UP = Kind.ACCOUNTING_RESTORED
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ class JobTracker:
             self._accounting = AccountingHealth(False, acc.failures_total + 1, acc.down_since, error)
             return
         now = self._clock()
-        last = self._store.events(kinds=[ACCOUNTING_DOWN, ACCOUNTING_UP])[-1:]
+        last = self._store.events(kinds=list(ACCOUNTING))[-1:]
         if last and last[0].kind == ACCOUNTING_DOWN:
             since = last[0].ts  # the outage began before this daemon started
         else:
@@ -157,7 +157,7 @@ class JobTracker:
         self._accounting_seen = True
         if acc.up:
             # First answer since start: close an outage an earlier daemon recorded.
-            last = self._store.events(kinds=[ACCOUNTING_DOWN, ACCOUNTING_UP])[-1:]
+            last = self._store.events(kinds=list(ACCOUNTING))[-1:]
             if not last or last[0].kind != ACCOUNTING_DOWN:
                 return
             acc = AccountingHealth(False, acc.failures_total, last[0].ts)

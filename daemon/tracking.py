@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from .events import Kind
 from .interfaces import NewEvent
 from .model import Attempt, AttemptState, JobObservation, RunState, SlurmState
 
@@ -103,7 +104,7 @@ def observe_attempt(
     event = None
     if state != attempt.state or nodes != attempt.nodes:
         event = NewEvent(
-            kind="attempt.state",
+            kind=Kind.ATTEMPT_STATE,
             run_id=attempt.run_id,
             attempt_id=attempt.id,
             data={

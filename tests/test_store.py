@@ -136,7 +136,7 @@ def test_begin_attempt_is_refused_while_one_is_active(store: SqlStore, state: At
     _new_run(store, "r1")
     first = store.begin_attempt("r1", at(1))
     with pytest.raises(UsageError, match="already has attempt 1 in state SUBMITTING"):
-        store.begin_attempt("r1", at(2), events=[NewEvent("attempt.begin")])
+        store.begin_attempt("r1", at(2), events=[NewEvent("attempt.intent")])
     store.confirm_attempt(first.id, 7, at(2))
     store.update_attempt(first.id, at(3), state=state)
     with pytest.raises(UsageError, match=f"in state {state}"):
@@ -200,17 +200,17 @@ def test_attempts_since_are_the_recent_and_the_active_ones(store: SqlStore) -> N
 
 
 def test_events_commit_with_their_change(store: SqlStore) -> None:
-    run = store.create_run("ev", "n", "", at(0), [NewEvent("run.created", data={"b": 2, "a": 1})])
-    attempt = store.begin_attempt("ev", at(1), events=[NewEvent("attempt.begin", actor="ctl")])
+    run = store.create_run("ev", "n", "", at(0), [NewEvent("run.created", data={"name": "n"})])
+    attempt = store.begin_attempt("ev", at(1), events=[NewEvent("attempt.intent", actor="ctl")])
     store.confirm_attempt(attempt.id, 5, at(2), [NewEvent("attempt.submitted")])
     events = store.events()
     assert [(e.kind, e.run_id, e.attempt_id, e.actor) for e in events] == [
         ("run.created", run.id, None, "daemon"),
         # The store fills in the run and attempt an event did not name.
-        ("attempt.begin", "ev", attempt.id, "ctl"),
+        ("attempt.intent", "ev", attempt.id, "ctl"),
         ("attempt.submitted", "ev", attempt.id, "daemon"),
     ]
-    assert events[0].data == {"a": 1, "b": 2}
+    assert events[0].data == {"name": "n"}
     assert [e.ts for e in events] == [at(0), at(1), at(2)]
     assert events[0].id < events[1].id < events[2].id
 
@@ -241,11 +241,11 @@ def test_a_cycles_attempt_updates_are_one_transaction(store: SqlStore) -> None:
 
 def test_a_failing_change_leaves_no_event(store: SqlStore) -> None:
     with pytest.raises(NotFoundError, match="unknown run 'ghost'"):
-        store.set_run_state("ghost", RunState.FAILED, at(0), [NewEvent("run.failed")])
+        store.set_run_state("ghost", RunState.FAILED, at(0), [NewEvent("run.state")])
     # An event that cannot be stored undoes the change it came with.
-    unserializable = NewEvent("run.created", data={"when": object()})
+    unserializable = NewEvent("run.created", data={"name": object()})
     with pytest.raises(TypeError):
-        store.create_run("half", "n", "", at(0), [NewEvent("ok"), unserializable])
+        store.create_run("half", "n", "", at(0), [NewEvent("run.state"), unserializable])
     with pytest.raises(NotFoundError):
         store.get_run("half")
     assert store.events() == []
@@ -256,21 +256,21 @@ def test_events_filter_by_run_after_id_and_limit(store: SqlStore) -> None:
     _new_run(store, "two")
     appended = store.append_events(
         [
-            NewEvent("x", run_id="one"),
-            NewEvent("y", run_id="two"),
-            NewEvent("z", run_id="one", node="gpu01", data={"k": [1, 2]}),
-            NewEvent("daemon.started"),
+            NewEvent("run.cancel", run_id="one"),
+            NewEvent("run.state", run_id="two"),
+            NewEvent("node.drained", run_id="one", node="gpu01", data={"black_hole": [1, 2]}),
+            NewEvent("config.reloaded"),
         ],
         at(3),
     )
-    assert [e.kind for e in appended] == ["x", "y", "z", "daemon.started"]
+    assert [e.kind for e in appended] == ["run.cancel", "run.state", "node.drained", "config.reloaded"]
     assert store.events() == appended
-    assert [e.kind for e in store.events(run_id="one")] == ["x", "z"]
-    assert [e.kind for e in store.events(after_id=appended[1].id)] == ["z", "daemon.started"]
-    assert [e.kind for e in store.events(run_id="one", after_id=appended[0].id)] == ["z"]
-    assert [e.kind for e in store.events(limit=2)] == ["x", "y"]
+    assert [e.kind for e in store.events(run_id="one")] == ["run.cancel", "node.drained"]
+    assert [e.kind for e in store.events(after_id=appended[1].id)] == ["node.drained", "config.reloaded"]
+    assert [e.kind for e in store.events(run_id="one", after_id=appended[0].id)] == ["node.drained"]
+    assert [e.kind for e in store.events(limit=2)] == ["run.cancel", "run.state"]
     assert store.events(run_id="nobody") == []
-    assert appended[2].data == {"k": [1, 2]}
+    assert appended[2].data == {"black_hole": [1, 2]}
     assert store.append_events([], at(4)) == []
 
 
@@ -344,7 +344,7 @@ def test_times_come_back_utc_aware(store: SqlStore) -> None:
     store.update_attempt(attempt.id, local, start=local, end=local + timedelta(hours=1))
     stored = store.get_attempt(attempt.id)
     assert stored.start == local and stored.start is not None and stored.start.tzinfo is UTC
-    assert store.append_events([NewEvent("x")], local)[0].ts.tzinfo is UTC
+    assert store.append_events([NewEvent("run.state")], local)[0].ts.tzinfo is UTC
     assert store.events()[0].ts == local
 
 
@@ -416,7 +416,7 @@ def test_two_sqlite_writers_do_not_lock_each_other_out(tmp_path: Path) -> None:
 
     def writes(s: SqlStore, actor: str) -> None:
         for i in range(50):
-            s.append_events([NewEvent("tick", run_id="busy", actor=actor, data={"i": i})], at(i))
+            s.append_events([NewEvent("run.state", run_id="busy", actor=actor, data={"to": i})], at(i))
             s.set_run_state("busy", RunState.RUNNING, at(i))
 
     results = _run_threads([lambda: writes(daemon, "daemon"), lambda: writes(ctl, "ctl")])

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import B300Error, UsageError
+from ..events import Kind
 from ..interfaces import Store
 from ..model import Run
 from ..spec import parse_spec
@@ -137,7 +138,7 @@ def _record_pruned(store: Store, run_id: str, paths: Sequence[str], now: datetim
     except NotFoundError:  # checkpoints the daemon never listed: only the event
         from ..interfaces import NewEvent
 
-        store.append_events([NewEvent("checkpoint.pruned", run_id=run_id, actor="b300ctl",
+        store.append_events([NewEvent(Kind.CHECKPOINT_PRUNED, run_id=run_id, actor="b300ctl",
                                       data={"paths": list(paths)})], now)
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 
 from ..errors import B300Error
+from ..events import SCHEDULE, Kind
 from ..interfaces import CheckpointLayout, NewEvent, SlurmClient
 from ..model import Attempt, AttemptState, CheckpointInfo, Event, Run
 from ..spec import JobSpec, parse_spec
@@ -52,7 +53,6 @@ SIGNALLED = "SIGNALLED"
 SAVE_SAMPLES = 5
 #: How far back the cluster's attempts count for the failure rate.
 HISTORY = timedelta(days=30)
-EVENT_KINDS = ("checkpoint.overdue", "checkpoint.signal", "checkpoint.ok")
 
 
 def format_span(seconds: float) -> str:
@@ -253,13 +253,13 @@ class CheckpointWatcher:
     def restore(self, events: Iterable[Event]) -> None:
         """Rebuild the open episodes from recorded ``checkpoint.*`` events (after a restart)."""
         for e in sorted(events, key=lambda e: e.id):
-            if e.attempt_id is None or e.kind not in EVENT_KINDS:
+            if e.attempt_id is None or e.kind not in SCHEDULE:
                 continue
-            if e.kind == "checkpoint.ok":
+            if e.kind == Kind.CHECKPOINT_OK:
                 self._episodes.pop(e.attempt_id, None)
                 continue
             ep = self._episodes.setdefault(e.attempt_id, _Episode(since=e.ts))
-            if e.kind == "checkpoint.overdue":
+            if e.kind == Kind.CHECKPOINT_OVERDUE:
                 ep.alerted = True
             else:
                 ep.first_signal = ep.first_signal or e.ts
@@ -343,7 +343,7 @@ class CheckpointWatcher:
         episode.last_signal = now
         episode.signals += 1
         where = "the batch shell" if to == "batch" else "the batch shell, its children and every step"
-        return NewEvent("checkpoint.signal", run_id=run.id, attempt_id=attempt.id, data={
+        return NewEvent(Kind.CHECKPOINT_SIGNAL, run_id=run.id, attempt_id=attempt.id, data={
             "message": (f"run {run.id}: sent {sig} to {where} of job {attempt.slurm_job_id} "
                         f"({_age_words(status)}; signal {episode.signals} of this episode)"),
             "job_id": attempt.slurm_job_id, "signal": sig, "to": to, "age_s": round(status.age_s, 1),
@@ -357,7 +357,7 @@ class CheckpointWatcher:
         else:
             acted = f"not signalled: {why_not}"
         newest = status.newest
-        return NewEvent("checkpoint.overdue", run_id=run.id, attempt_id=attempt.id, data={
+        return NewEvent(Kind.CHECKPOINT_OVERDUE, run_id=run.id, attempt_id=attempt.id, data={
             "message": f"run {run.id}: {_age_words(status)}; {acted}. {advice.describe()}",
             "age_s": round(status.age_s, 1), "interval_s": status.interval_s,
             "counted_from": status.counted_from,
@@ -372,7 +372,7 @@ class CheckpointWatcher:
         if newest is not None and episode.last_signal is not None and newest.mtime >= episode.last_signal:
             after = (newest.mtime - episode.last_signal).total_seconds()
             answer = f", {format_span(after)} after {spec.checkpoint.signal}"
-        return NewEvent("checkpoint.ok", run_id=run.id, attempt_id=attempt.id, data={
+        return NewEvent(Kind.CHECKPOINT_OK, run_id=run.id, attempt_id=attempt.id, data={
             "message": f"run {run.id}: schedule met again: {step}{answer}",
             "newest_step": newest.step if newest else None, "age_s": round(status.age_s, 1),
             "signals": episode.signals, "alerted": episode.alerted,

@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 
 from ..errors import B300Error
+from ..events import Kind
 from ..interfaces import CheckpointRepository, NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
 from ..spec import parse_spec
@@ -138,13 +139,13 @@ class CheckpointUpkeep:
             log.warning("checkpoints.target_unavailable", run=run_id, target=t.name, error=error)
             if key not in self._down:
                 self._down.add(key)
-                self._store.append_events([NewEvent("checkpoint.target_unavailable", run_id=run_id,
+                self._store.append_events([NewEvent(Kind.CHECKPOINT_TARGET_UNAVAILABLE, run_id=run_id,
                                                     data={"target": t.name, "error": error})], self._clock())
             return None
         stack.callback(target.close)
         if key in self._down:
             self._down.discard(key)
-            self._store.append_events([NewEvent("checkpoint.target_ok", run_id=run_id,
+            self._store.append_events([NewEvent(Kind.CHECKPOINT_TARGET_OK, run_id=run_id,
                                                 data={"target": t.name})], self._clock())
         return target
 
@@ -217,13 +218,13 @@ class CheckpointUpkeep:
             if not delete:
                 return
             self._fence(f"delete {len(delete)} checkpoints of run {run.id}")
-            self._store.append_events([NewEvent("checkpoint.prune_started", run_id=run.id,
+            self._store.append_events([NewEvent(Kind.CHECKPOINT_PRUNE_STARTED, run_id=run.id,
                                                 data={"paths": [c.path for c in delete]})], self._clock())
             result = prune_local(PrunePlan(keep=again.keep, delete=delete), root, dry_run=False,
                                  verify=lambda p: p == anchor and anchor_ok)
             if result.refused:
                 log.warning("checkpoints.prune_refused", run=run.id, why=result.refused)
-                self._store.append_events([NewEvent("checkpoint.prune_refused", run_id=run.id,
+                self._store.append_events([NewEvent(Kind.CHECKPOINT_PRUNE_REFUSED, run_id=run.id,
                                                     data={"why": result.refused})], self._clock())
             if result.deleted:
                 self._checkpoints.record_pruned(run.id, result.deleted, self._clock())
@@ -253,7 +254,7 @@ class CheckpointUpkeep:
         if plan.delete:
             names = [c.path for c in plan.delete]
             self._fence(f"delete {len(names)} replicas of run {run.id} on {name}")
-            self._store.append_events([NewEvent("checkpoint.replica_prune_started", run_id=run.id,
+            self._store.append_events([NewEvent(Kind.CHECKPOINT_REPLICA_PRUNE_STARTED, run_id=run.id,
                                                 data={"target": name, "replicas": names})], self._clock())
             result = prune_remote(target, plan, dry_run=False)
             if result.refused:

@@ -24,12 +24,13 @@ from datetime import datetime, timedelta
 import structlog
 
 from ..errors import B300Error
+from ..events import SCHEDULE
 from ..interfaces import CheckpointRepository, SlurmClient, Store
 from ..model import Run, RunState
 from ..spec import parse_spec
 from .layouts import load_layout
 from .manifest import ensure_manifest, read_manifest, verify
-from .schedule import EVENT_KINDS, HISTORY, CheckpointWatcher
+from .schedule import HISTORY, CheckpointWatcher
 
 log = structlog.get_logger(__name__)
 _ACTIVE = [RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING, RunState.RECOVERING]
@@ -111,7 +112,7 @@ class CheckpointPass:
         now = self._clock()
         if not self._restored:
             # Episodes open before a restart: no second page, no signal sooner than one interval.
-            self._watcher.restore(self._store.events(kinds=list(EVENT_KINDS), since=now - HISTORY))
+            self._watcher.restore(self._store.events(kinds=list(SCHEDULE), since=now - HISTORY))
             self._restored = True
         pairs = [(run, self._store.attempts(run.id)) for run in runs]
         history = self._store.attempts_since(now - HISTORY)

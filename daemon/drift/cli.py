@@ -14,6 +14,7 @@ from typing import Any
 from ..config import Config
 from ..control import ask_daemon
 from ..errors import UsageError
+from ..events import Kind
 from ..interfaces import Store
 from .baseline import expected_values
 from .records import ScanResult
@@ -94,7 +95,7 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
         drained = drift.drained_nodes()
         failed: list[dict[str, Any]] = [] if last is None else [
             {"ts": e.ts.isoformat(), "node": e.node, "error": e.data.get("error")}
-            for e in store.events(kinds=["drift.action_failed"], since=last[0])]
+            for e in store.events(kinds=[Kind.DRIFT_ACTION_FAILED], since=last[0])]
     finally:
         store.close()
     if last is None:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from ..events import Kind
 from ..model import Attempt, AttemptState, Event, NodeRecord
 from ..spec import JobSpec
 
@@ -249,8 +250,8 @@ def last_returns(events: Iterable[Event]) -> dict[str, datetime]:
     for e in events:
         if not e.node:
             continue
-        if e.kind == "node.resumed" or (
-            e.kind == "node.state" and e.data.get("old_state") is not None
+        if e.kind == Kind.NODE_RESUMED or (
+            e.kind == Kind.NODE_STATE and e.data.get("old_state") is not None
             and _bad(str(e.data.get("old_state") or ""), str(e.data.get("old_reason") or ""))
             and not _bad(str(e.data.get("state") or ""), str(e.data.get("reason") or ""))
         ):
@@ -270,7 +271,7 @@ def black_holes(
     back = returned or {}
     by_node: dict[str, set[str]] = {}
     for e in strikes:
-        if (not e.node or e.ts < since or e.kind not in ("node.failed", "node.suspect")
+        if (not e.node or e.ts < since or e.kind not in (Kind.NODE_FAILED, Kind.NODE_SUSPECT)
                 or e.data.get("outcome") not in BLACK_HOLE_OUTCOMES):
             continue
         if e.node in back and e.ts <= back[e.node]:

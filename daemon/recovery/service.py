@@ -25,6 +25,7 @@ import structlog
 
 from ..config import RecoveryConfig
 from ..errors import SlurmError
+from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
 from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord, Run, RunState
@@ -118,7 +119,7 @@ class RecoveryService:
             if last.id not in self._waiting:
                 self._waiting.add(last.id)
                 self._store.append_events([NewEvent(
-                    "recovery.waiting", run_id=run.id, attempt_id=last.id,
+                    Kind.RECOVERY_WAITING, run_id=run.id, attempt_id=last.id,
                     data={"why": verdict.reasons[-1], "log": list(verdict.log_lines)})], now)
             return False
         self._waiting.discard(last.id)
@@ -150,7 +151,7 @@ class RecoveryService:
         failed = [Exclusion(n, "failed", f"failed attempt {last.number} (job "
                             f"{last.slurm_job_id}, {outcome.value})") for n in verdict.suspects]
         self._store.append_events([NewEvent(
-            "recovery.resubmit", run_id=run.id, attempt_id=last.id, actor="recovery",
+            Kind.RECOVERY_RESUBMIT, run_id=run.id, attempt_id=last.id, actor="recovery",
             data={"outcome": outcome.value, "resume_from": resume,
                   "suspects": list(verdict.suspects), "checkpoints_checked": checked})], now)
         self._runs.resubmit(run.id, actor="recovery", failed=failed, resume_from=resume,
@@ -163,10 +164,10 @@ class RecoveryService:
 
     def _black_holes(self, now: datetime) -> list[NodeStrikes]:
         since = now - timedelta(seconds=self._blackhole.window_s)
-        strikes = self._store.events(kinds=["node.failed", "node.suspect"], since=since)
+        strikes = self._store.events(kinds=list(STRIKES), since=since)
         if not strikes:
             return []
-        back = last_returns(self._store.events(kinds=["node.resumed", "node.state"], since=since))
+        back = last_returns(self._store.events(kinds=list(STRIKE_RESETS), since=since))
         return black_holes(strikes, self._blackhole, now, back)
 
     def _verdict(self, run: Run, last: Attempt, spec: JobSpec,
@@ -178,37 +179,37 @@ class RecoveryService:
                            suspects=tuple(ev.get("suspects", ())),
                            implicated=tuple(ev.get("implicated", ())),
                            reasons=tuple(ev.get("reasons", ())), log_lines=tuple(ev.get("log", ())))
-        mine = [e for e in self._store.events(run_id=run.id, kinds=[
-            "run.cancel", "attempt.hang", "checkpoint.signal"]) if e.attempt_id == last.id]
+        mine = [e for e in self._store.events(run_id=run.id, kinds=list(END_CAUSES))
+                if e.attempt_id == last.id]
         kinds = {e.kind for e in mine}
-        signals = [e for e in mine if e.kind == "checkpoint.signal"]
+        signals = [e for e in mine if e.kind == Kind.CHECKPOINT_SIGNAL]
         sent = (SignalSent(signals[-1].ts, str(signals[-1].data.get("signal", "?")),
                            float(signals[-1].data.get("grace_s", 0)))
                 if signals else None)
         return classify_end(
             last, spec, nodes_now, self._log_tail(last, spec),
-            cancel_requested="run.cancel" in kinds, hang_detected="attempt.hang" in kinds,
+            cancel_requested=Kind.RUN_CANCEL in kinds, hang_detected=Kind.ATTEMPT_HANG in kinds,
             now=now, settle_s=self._config.settle_s, signal_sent=sent,
         )
 
     def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:
-        strikes = [NewEvent("node.failed", run_id=run.id, attempt_id=last.id, node=n,
+        strikes = [NewEvent(Kind.NODE_FAILED, run_id=run.id, attempt_id=last.id, node=n,
                             data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
                    for n in verdict.suspects]
-        strikes += [NewEvent("node.suspect", run_id=run.id, attempt_id=last.id, node=n,
+        strikes += [NewEvent(Kind.NODE_SUSPECT, run_id=run.id, attempt_id=last.id, node=n,
                              data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
                     for n in verdict.implicated]
         log.info("recovery.classified", run=run.id, job_id=last.slurm_job_id,
                  outcome=verdict.outcome.value, suspects=list(verdict.suspects))
         return self._store.update_attempt(
             last.id, now, outcome=verdict.outcome.value, evidence=verdict.evidence(),
-            events=[NewEvent("attempt.classified", run_id=run.id, attempt_id=last.id,
+            events=[NewEvent(Kind.ATTEMPT_CLASSIFIED, run_id=run.id, attempt_id=last.id,
                              data=verdict.evidence()), *strikes])
 
     def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
                nodes_now: dict[str, NodeRecord], now: datetime) -> set[str]:
         """Drain the suspects of ``last`` once each (also across a crash); the drained set."""
-        done = {e.node for e in self._store.events(run_id=run.id, kinds=["node.drained"])
+        done = {e.node for e in self._store.events(run_id=run.id, kinds=[Kind.NODE_DRAINED])
                 if e.attempt_id == last.id and e.node}
         drained: set[str] = set()
         for node in nodes:
@@ -222,7 +223,7 @@ class RecoveryService:
                       f"{' (' + rec.state.lower() + ': ' + rec.reason + ')' if rec and rec.reason else ''}")
             self._slurm.drain_node(node, reason)
             self._store.append_events([NewEvent(
-                "node.drained", run_id=run.id, attempt_id=last.id, node=node,
+                Kind.NODE_DRAINED, run_id=run.id, attempt_id=last.id, node=node,
                 data={"reason": reason})], now)
             log.warning("node.drained", node=node, run=run.id, reason=reason)
             drained.add(node)
@@ -242,16 +243,16 @@ class RecoveryService:
                       f"{self._blackhole.window_s / 3600:g} h ({names})")
             self._slurm.drain_node(hole.node, reason)
             self._store.append_events([NewEvent(
-                "node.drained", run_id=run.id, attempt_id=last.id, node=hole.node,
+                Kind.NODE_DRAINED, run_id=run.id, attempt_id=last.id, node=hole.node,
                 data={"reason": reason, "black_hole": list(hole.runs)})], now)
             log.warning("node.drained", node=hole.node, run=run.id, reason=reason)
 
     def _finish(self, run: Run, state: RunState, why: str, now: datetime, *,
                 alert: bool = False) -> None:
-        kind = "recovery.budget_spent" if alert else "recovery.stopped"
+        kind = Kind.RECOVERY_BUDGET_SPENT if alert else Kind.RECOVERY_STOPPED
         self._store.set_run_state(run.id, state, now, events=[
             NewEvent(kind, run_id=run.id, data={"why": why}),
-            NewEvent("run.state", run_id=run.id, data={"from": run.state.value,
+            NewEvent(Kind.RUN_STATE, run_id=run.id, data={"from": run.state.value,
                                                        "to": state.value})])
         (log.error if alert else log.info)(kind, run=run.id, why=why)
 
@@ -279,10 +280,10 @@ class RecoveryService:
         bad = tuple(n for n in before.nodes if node_is_bad(nodes_now.get(n)))
         run = self._store.get_run(before.run_id)
         self._store.append_events([NewEvent(
-            "attempt.requeued", run_id=run.id, attempt_id=before.id,
+            Kind.ATTEMPT_REQUEUED, run_id=run.id, attempt_id=before.id,
             data={"job_id": before.slurm_job_id, "nodes": list(before.nodes),
                   "suspects": list(bad)})], now)
-        self._store.append_events([NewEvent("node.failed", run_id=run.id, attempt_id=before.id,
+        self._store.append_events([NewEvent(Kind.NODE_FAILED, run_id=run.id, attempt_id=before.id,
                                             node=n, data={"job_id": before.slurm_job_id,
                                                           "outcome": "REQUEUED"}) for n in bad],
                                   now)
@@ -297,7 +298,7 @@ class RecoveryService:
         if plan.nodes != sorted(after.excluded_nodes):
             self._slurm.exclude_nodes(after.slurm_job_id, plan.nodes)
             self._store.update_attempt(after.id, now, excluded_nodes=plan.nodes, events=[
-                NewEvent("attempt.excluded", run_id=run.id, attempt_id=after.id,
+                NewEvent(Kind.ATTEMPT_EXCLUDED, run_id=run.id, attempt_id=after.id,
                          data={"exclude": plan.nodes,
                                "exclusions": [e.to_dict() for e in plan.kept]})])
 
@@ -338,7 +339,7 @@ class RecoveryService:
                 continue
             data = {"job_id": attempt.slurm_job_id, "last_step": step or None,
                     "stalled_s": round(stalled, 1), "progress_file": spec.health.progress_file}
-            self._store.append_events([NewEvent("attempt.hang", run_id=run.id,
+            self._store.append_events([NewEvent(Kind.ATTEMPT_HANG, run_id=run.id,
                                                 attempt_id=attempt.id, data=data)], now)
             log.warning("attempt.hang", run=run.id, **data)
             self._slurm.cancel(attempt.slurm_job_id)
@@ -349,7 +350,7 @@ class RecoveryService:
         """What an earlier daemon already recorded of this attempt's progress (once)."""
         if attempt.id in self._recorded_steps:
             return
-        mine = [e for e in self._store.events(run_id=attempt.run_id, kinds=["attempt.progress"])
+        mine = [e for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_PROGRESS])
                 if e.attempt_id == attempt.id]
         self._recorded_steps[attempt.id] = {int(e.data["step"]) for e in mine
                                             if isinstance(e.data.get("step"), int)}
@@ -367,7 +368,7 @@ class RecoveryService:
             return
         steps.add(int(step))
         self._progress_recorded[attempt.id] = now
-        self._store.append_events([NewEvent("attempt.progress", run_id=attempt.run_id,
+        self._store.append_events([NewEvent(Kind.ATTEMPT_PROGRESS, run_id=attempt.run_id,
                                             attempt_id=attempt.id, data={"step": int(step)})], now)
 
     def _record_last_progress(self, attempt_id: int, seen: _Progress) -> None:
@@ -379,7 +380,7 @@ class RecoveryService:
         if int(seen.step) in self._recorded_steps.get(attempt_id, set()):
             return
         run_id = self._store.get_attempt(attempt_id).run_id
-        self._store.append_events([NewEvent("attempt.progress", run_id=run_id, attempt_id=attempt_id,
+        self._store.append_events([NewEvent(Kind.ATTEMPT_PROGRESS, run_id=run_id, attempt_id=attempt_id,
                                             data={"step": int(seen.step), "last": True})], seen.since)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..checkpoints.schedule import YoungDaly
+from ..events import DRAINS, RETURNS, Kind
 from ..model import Attempt, Event, Run
 
 CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
@@ -36,8 +37,6 @@ _NODE_DOWN = re.compile(r"NODE_FAIL|node fail|node down|Node failure|lost contac
                         r"DOWN\b", re.IGNORECASE)
 _NETWORK = re.compile(r"NCCL|gloo|Connection (?:closed|reset|refused)|network|\bIB\b|infiniband|"
                       r"\bmlx5|link down|timed? ?out.*collective", re.IGNORECASE)
-DRAIN_KINDS = ("node.drained", "drift.drained")
-RETURN_KINDS = ("node.resumed", "drift.cleared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +178,7 @@ def interruption_cause(attempt: Attempt) -> str:
 
 def _first_progress(events: Sequence[Event], attempt_id: int) -> list[tuple[datetime, int]]:
     return sorted((e.ts, int(e.data["step"])) for e in events
-                  if e.kind == "attempt.progress" and e.attempt_id == attempt_id
+                  if e.kind == Kind.ATTEMPT_PROGRESS and e.attempt_id == attempt_id
                   and isinstance(e.data.get("step"), int))
 
 
@@ -194,7 +193,7 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
     if wall <= 0:
         return None
     notes: list[str] = []
-    classified = {e.attempt_id: e.ts for e in events if e.kind == "attempt.classified"}
+    classified = {e.attempt_id: e.ts for e in events if e.kind == Kind.ATTEMPT_CLASSIFIED}
     running = detect = queue = restart = 0.0
     recompute: float | None = 0.0
     restart_known = True
@@ -295,7 +294,7 @@ def weekly_report(
                      for e in in_window if e.kind in kinds and e.node)
     drift: dict[str, int] = {}
     for e in in_window:
-        if e.kind == "drift.finding":
+        if e.kind == Kind.DRIFT_FINDING:
             probe = str(e.data.get("probe", "?"))
             drift[probe] = drift.get(probe, 0) + 1
     notes: list[str] = []
@@ -304,7 +303,7 @@ def weekly_report(
     return WeeklyReport(
         window=window, generated_at=now, runs=tuple(sorted(figures, key=lambda r: r.run_id)),
         interruptions=tuple(sorted(interruptions, key=lambda i: i.ended)), by_cause=by_cause,
-        drained=changes(DRAIN_KINDS), returned=changes(RETURN_KINDS), drift_findings=drift,
+        drained=changes(DRAINS), returned=changes(RETURNS), drift_findings=drift,
         drift_open=drift_open, checkpoints=tuple(ckpt) if checkpoints_available else None,
         jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes))
 

@@ -25,6 +25,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from ..errors import B300Error
+from ..events import REPORT_DELIVERY, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Event
 from ..ops_config import ReportConfig
@@ -62,7 +63,7 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
     window = report_window(now, cfg)
     week = week_key(window)
     seen = _week_events(store, week)
-    if any(e.kind == "report.sent" for e in seen):
+    if any(e.kind == Kind.REPORT_SENT for e in seen):
         log.info("report.already_sent", week=week)
         return "already-sent"
     if seen and not _retryable(seen):
@@ -72,30 +73,30 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
     report = collect_report(store, window, now)
     msg = report_message(report, cfg.smtp.sender, cfg.to, week=week)
     fence(f"mail the report of {week}")  # b300.fence: raises unless this daemon is active
-    store.append_events([NewEvent("report.sending", data={"week": week, "to": list(cfg.to)})], now)
+    store.append_events([NewEvent(Kind.REPORT_SENDING, data={"week": week, "to": list(cfg.to)})], now)
     try:
         send_mail(cfg.smtp, msg)
     except B300Error as exc:
         retry = not getattr(exc, "maybe_delivered", False)
         log.error("report.failed", week=week, error=str(exc), retry=retry)
-        store.append_events([NewEvent("report.failed", data={"week": week, "error": str(exc),
+        store.append_events([NewEvent(Kind.REPORT_FAILED, data={"week": week, "error": str(exc),
                                                              "retry": retry})], now)
         return "failed"
-    store.append_events([NewEvent("report.sent", data={"week": week, "to": list(cfg.to),
+    store.append_events([NewEvent(Kind.REPORT_SENT, data={"week": week, "to": list(cfg.to),
                                                        "message_id": msg["Message-ID"]})], now)
     log.info("report.sent", week=week, to=list(cfg.to))
     return "sent"
 
 
 def _week_events(store: Store, week: str) -> list[Event]:
-    kinds = ["report.sending", "report.sent", "report.failed"]
+    kinds = list(REPORT_DELIVERY)
     return [e for e in store.events(kinds=kinds) if e.data.get("week") == week]
 
 
 def _retryable(seen: list[Event]) -> bool:
     """The week's last event is a failure that cannot have delivered the mail."""
     last = max(seen, key=lambda e: e.id)
-    return bool(last.kind == "report.failed" and last.data.get("retry"))
+    return bool(last.kind == Kind.REPORT_FAILED and last.data.get("retry"))
 
 
 def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime,

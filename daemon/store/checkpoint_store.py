@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from ..checkpoints.records import StoredCheckpoint
 from ..errors import NotFoundError
+from ..events import Kind
 from ..interfaces import NewEvent
 from ..model import CheckpointInfo
 from .checkpoint_tables import CheckpointReplicaRow, CheckpointRow
@@ -73,7 +74,7 @@ class CheckpointStore:
             session.add(row)
             if not ok:
                 self._sessions.add_events(session, [NewEvent(
-                    "checkpoint.corrupt", data={"path": path, "problems": list(problems)[:20]})], now,
+                    Kind.CHECKPOINT_CORRUPT, data={"path": path, "problems": list(problems)[:20]})], now,
                     run_id=run_id)
 
     def set_marked(self, run_id: str, path: str, marked: bool, now: datetime, actor: str = "daemon") -> None:
@@ -83,7 +84,8 @@ class CheckpointStore:
             row.marked, row.updated_at = marked, now
             session.add(row)
             self._sessions.add_events(session, [NewEvent(
-                "checkpoint.marked" if marked else "checkpoint.unmarked", actor=actor, data={"path": path})],
+                Kind.CHECKPOINT_MARKED if marked else Kind.CHECKPOINT_UNMARKED, actor=actor,
+                data={"path": path})],
                 now, run_id=run_id)
 
     def record_replica(self, run_id: str, path: str, target: str, ok: bool, now: datetime, *,
@@ -100,7 +102,7 @@ class CheckpointStore:
             rep.pruned_at = None
             session.add(rep)
             self._sessions.add_events(session, [NewEvent(
-                "checkpoint.replicated" if ok else "checkpoint.replication_failed",
+                Kind.CHECKPOINT_REPLICATED if ok else Kind.CHECKPOINT_REPLICATION_FAILED,
                 data={"path": path, "target": target, "bytes_sent": bytes_sent, "error": error})],
                 now, run_id=run_id)
 
@@ -118,7 +120,7 @@ class CheckpointStore:
                     rep.pruned_at, rep.updated_at = now, now
                     session.add(rep)
             self._sessions.add_events(session, [NewEvent(
-                "checkpoint.replica_pruned", actor=actor, data={"target": target, "paths": list(paths)})],
+                Kind.CHECKPOINT_REPLICA_PRUNED, actor=actor, data={"target": target, "paths": list(paths)})],
                 now, run_id=run_id)
 
     def record_pruned(self, run_id: str, paths: Sequence[str], now: datetime, actor: str = "daemon") -> None:
@@ -131,7 +133,7 @@ class CheckpointStore:
                 row.deleted_at, row.updated_at = now, now
                 session.add(row)
             self._sessions.add_events(session, [NewEvent(
-                "checkpoint.pruned", actor=actor, data={"paths": list(paths)})], now, run_id=run_id)
+                Kind.CHECKPOINT_PRUNED, actor=actor, data={"paths": list(paths)})], now, run_id=run_id)
 
     def checkpoints(self, run_id: str, *, include_deleted: bool = False) -> list[StoredCheckpoint]:
         """The run's checkpoints by step, oldest first, with their replicas."""

@@ -16,6 +16,7 @@ from typing import Any
 from sqlmodel import col, delete, select
 
 from ..drift.records import Finding, FindingKind, OpenFinding, Policy
+from ..events import Kind
 from ..interfaces import NewEvent
 from .drift_tables import DriftDrainRow, DriftFindingRow, DriftScanRow
 from .sessions import Sessions
@@ -65,7 +66,7 @@ class DriftStore:
         if not failures:
             return
         with self._sessions.write() as session:
-            self._sessions.add_events(session, [NewEvent("drift.action_failed", node=node, actor=actor,
+            self._sessions.add_events(session, [NewEvent(Kind.DRIFT_ACTION_FAILED, node=node, actor=actor,
                                                          data={"error": error[:500]})
                                                 for node, error in failures], now)
 
@@ -80,8 +81,8 @@ class DriftStore:
         actor: str = "daemon",
     ) -> None:
         """Store the scan's matrix, open and close findings, with their events, at once."""
-        events = [NewEvent("drift.finding", node=f.node, actor=actor, data=_data(f)) for f in opened]
-        events += [NewEvent("drift.cleared", node=o.finding.node, actor=actor,
+        events = [NewEvent(Kind.DRIFT_FINDING, node=f.node, actor=actor, data=_data(f)) for f in opened]
+        events += [NewEvent(Kind.DRIFT_CLEARED, node=o.finding.node, actor=actor,
                             data={**_data(o.finding), "finding_id": o.id}) for o in closed]
         with self._sessions.write() as session:
             for o in closed:
@@ -108,7 +109,7 @@ class DriftStore:
             else:
                 row.reason, row.drained_at = reason, now
             session.flush()
-            self._sessions.add_events(session, [NewEvent("drift.drained", node=node, actor=actor,
+            self._sessions.add_events(session, [NewEvent(Kind.DRIFT_DRAINED, node=node, actor=actor,
                                                         data={"reason": reason})], now)
 
     def release(self, node: str, now: datetime, *, resumed: bool, actor: str = "daemon") -> None:
@@ -119,7 +120,7 @@ class DriftStore:
                 return
             session.delete(row)
             session.flush()
-            self._sessions.add_events(session, [NewEvent("drift.cleared", node=node, actor=actor,
+            self._sessions.add_events(session, [NewEvent(Kind.DRIFT_CLEARED, node=node, actor=actor,
                                                         data={"resumed": resumed, "reason": row.reason})], now)
 
 

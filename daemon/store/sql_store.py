@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 from ..errors import NotFoundError, UsageError
+from ..events import Kind
 from ..interfaces import AttemptUpdate, NewEvent
 from ..model import Attempt, AttemptState, Event, NodeObservation, NodeRecord, Run, RunState
 from .checkpoint_store import CheckpointStore
@@ -293,7 +294,7 @@ class SqlStore:
                 if u.run_state is not None:
                     run = _get_run_row(session, row.run_id)
                     if run.state != RunState(u.run_state).value:
-                        events.append(NewEvent("run.state", data={
+                        events.append(NewEvent(Kind.RUN_STATE, data={
                             "from": run.state, "to": RunState(u.run_state).value}))
                         run.state = RunState(u.run_state).value
                         run.updated_at = now
@@ -402,7 +403,7 @@ class SqlStore:
                     continue
                 events.append(
                     NewEvent(
-                        kind="node.state",
+                        kind=Kind.NODE_STATE,
                         node=name,
                         data={
                             "old_state": None if row is None else row.state,

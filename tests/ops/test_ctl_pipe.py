@@ -20,7 +20,7 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     url = f"sqlite:///{state}/state.db"
     with open_store(url) as store:
         # Far more than a pipe holds (64 KiB), so b300ctl is still writing when head leaves.
-        store.append_events([NewEvent("test.filler", data={"n": i, "pad": "x" * 100})
+        store.append_events([NewEvent("recovery.waiting", data={"why": f"{i} " + "x" * 100})
                              for i in range(3000)], datetime.now(UTC))
     cfg = tmp_path / "b300.toml"
     cfg.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n"
@@ -34,7 +34,7 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     proc.stderr.close()
     code = proc.wait(60)
-    assert b"test.filler" in first
+    assert b"recovery.waiting" in first
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert code == 0
 

@@ -1,0 +1,200 @@
+"""The event log's vocabulary, defined once: every kind, the payload keys it carries,
+and the groups of kinds that readers ask for together.
+
+A writer builds ``NewEvent(Kind.NODE_DRAINED, data={"reason": ...})``;
+:class:`b300.interfaces.NewEvent` refuses a kind that is not a :class:`Kind` and a
+payload key the kind does not declare here, so a writer and a reader cannot drift
+apart (a typo is an error in the first test that runs the writer, never a silently
+unread event). Readers take kinds and groups from here, never spell them.
+
+Payload keys are a superset over the project's history: an event written by an
+older version may lack a key; readers use ``data.get``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+
+class Kind(enum.StrEnum):
+    """Every kind of event the store keeps, grouped by what it is about."""
+
+    # runs and attempts
+    RUN_CREATED = "run.created"
+    RUN_STATE = "run.state"
+    RUN_CANCEL = "run.cancel"
+    ATTEMPT_INTENT = "attempt.intent"
+    ATTEMPT_SUBMITTED = "attempt.submitted"
+    ATTEMPT_SUBMIT_DEFERRED = "attempt.submit_deferred"
+    ATTEMPT_SUBMIT_REFUSED = "attempt.submit_refused"
+    ATTEMPT_ADOPTED = "attempt.adopted"
+    ATTEMPT_ABANDONED = "attempt.abandoned"
+    ATTEMPT_DUPLICATE_CANCELLED = "attempt.duplicate_cancelled"
+    ATTEMPT_STATE = "attempt.state"
+    ATTEMPT_EXCLUDED = "attempt.excluded"
+    ATTEMPT_REQUEUED = "attempt.requeued"
+    ATTEMPT_CLASSIFIED = "attempt.classified"
+    ATTEMPT_HANG = "attempt.hang"
+    ATTEMPT_PROGRESS = "attempt.progress"
+    EXCLUSIONS_ENDED = "exclusions.ended"
+    EXCLUSIONS_TRIMMED = "exclusions.trimmed"
+    # recovery
+    RECOVERY_WAITING = "recovery.waiting"
+    RECOVERY_RESUBMIT = "recovery.resubmit"
+    RECOVERY_STOPPED = "recovery.stopped"
+    RECOVERY_BUDGET_SPENT = "recovery.budget_spent"
+    # nodes
+    NODE_STATE = "node.state"
+    NODE_FAILED = "node.failed"
+    NODE_SUSPECT = "node.suspect"
+    NODE_DRAINED = "node.drained"
+    NODE_RESUMED = "node.resumed"
+    # version drift
+    DRIFT_FINDING = "drift.finding"
+    DRIFT_CLEARED = "drift.cleared"
+    DRIFT_DRAINED = "drift.drained"
+    DRIFT_ACTION_FAILED = "drift.action_failed"
+    # checkpoints
+    CHECKPOINT_CORRUPT = "checkpoint.corrupt"
+    CHECKPOINT_MARKED = "checkpoint.marked"
+    CHECKPOINT_UNMARKED = "checkpoint.unmarked"
+    CHECKPOINT_REPLICATED = "checkpoint.replicated"
+    CHECKPOINT_REPLICATION_FAILED = "checkpoint.replication_failed"
+    CHECKPOINT_REPLICA_PRUNE_STARTED = "checkpoint.replica_prune_started"
+    CHECKPOINT_REPLICA_PRUNED = "checkpoint.replica_pruned"
+    CHECKPOINT_PRUNE_STARTED = "checkpoint.prune_started"
+    CHECKPOINT_PRUNED = "checkpoint.pruned"
+    CHECKPOINT_PRUNE_REFUSED = "checkpoint.prune_refused"
+    CHECKPOINT_TARGET_UNAVAILABLE = "checkpoint.target_unavailable"
+    CHECKPOINT_TARGET_OK = "checkpoint.target_ok"
+    CHECKPOINT_OVERDUE = "checkpoint.overdue"
+    CHECKPOINT_SIGNAL = "checkpoint.signal"
+    CHECKPOINT_OK = "checkpoint.ok"
+    # Slurm accounting (sacct/slurmdbd) outages
+    ACCOUNTING_UNAVAILABLE = "accounting.unavailable"
+    ACCOUNTING_RESTORED = "accounting.restored"
+    # operations
+    REPORT_SENDING = "report.sending"
+    REPORT_SENT = "report.sent"
+    REPORT_FAILED = "report.failed"
+    ALERT_SENT = "alert.sent"
+    ALERTS_CURSOR = "alerts.cursor"
+    CONFIG_RELOADED = "config.reloaded"
+    CONFIG_REFUSED = "config.refused"
+    HA_ACQUIRED = "ha.acquired"
+    HA_FAILOVER = "ha.failover"
+
+
+_SUBMIT = frozenset({"job_id", "job_name", "exclude"})
+_EXCLUSIONS = frozenset({"number", "exclude", "exclusions", "resubmit", "resume_from", "resume",
+                         "checkpoints_checked"})
+_STRIKE = frozenset({"job_id", "outcome"})
+_FINDING = frozenset({"probe", "kind", "expected", "found", "policy"})
+_REPLICA = frozenset({"path", "target", "bytes_sent", "error"})
+_SCHEDULE = frozenset({"job_id", "number", "message", "age_s", "interval_s", "newest", "newest_step",
+                       "counted_from", "signals", "young_daly", "signal", "to", "grace_s",
+                       "alerted", "overdue_for_s"})
+_LEASE = frozenset({"lease", "epoch", "new", "new_host", "new_pid", "since", "old", "old_host",
+                    "old_pid", "old_epoch", "old_renewed_at", "old_expired_at", "old_released"})
+_EVIDENCE = frozenset({"outcome", "resubmit", "suspects", "implicated", "reasons", "log"})
+
+#: The payload keys each kind may carry.
+PAYLOAD: Mapping[Kind, frozenset[str]] = {
+    Kind.RUN_CREATED: frozenset({"name"}),
+    Kind.RUN_STATE: frozenset({"from", "to"}),
+    Kind.RUN_CANCEL: frozenset({"job_id"}),
+    Kind.ATTEMPT_INTENT: _EXCLUSIONS,
+    Kind.ATTEMPT_SUBMITTED: _SUBMIT,
+    Kind.ATTEMPT_SUBMIT_DEFERRED: frozenset({"error"}),
+    Kind.ATTEMPT_SUBMIT_REFUSED: frozenset({"error"}),
+    Kind.ATTEMPT_ADOPTED: frozenset({"job_id", "slurm_state"}),
+    Kind.ATTEMPT_ABANDONED: frozenset({"why"}),
+    Kind.ATTEMPT_DUPLICATE_CANCELLED: frozenset({"job_id"}),
+    Kind.ATTEMPT_STATE: frozenset({"job_id", "from", "to", "slurm_state", "source", "nodes",
+                                   "reason", "exit_code", "signal"}),
+    Kind.ATTEMPT_EXCLUDED: frozenset({"exclude", "exclusions"}),
+    Kind.ATTEMPT_REQUEUED: frozenset({"job_id", "nodes", "suspects"}),
+    Kind.ATTEMPT_CLASSIFIED: _EVIDENCE,
+    Kind.ATTEMPT_HANG: frozenset({"job_id", "last_step", "stalled_s", "progress_file"}),
+    Kind.ATTEMPT_PROGRESS: frozenset({"step", "last"}),
+    Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
+    Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
+    Kind.RECOVERY_WAITING: frozenset({"why", "log"}),
+    Kind.RECOVERY_RESUBMIT: frozenset({"outcome", "resume_from", "suspects", "checkpoints_checked"}),
+    Kind.RECOVERY_STOPPED: frozenset({"why"}),
+    Kind.RECOVERY_BUDGET_SPENT: frozenset({"why"}),
+    Kind.NODE_STATE: frozenset({"old_state", "old_reason", "state", "reason"}),
+    Kind.NODE_FAILED: _STRIKE,
+    Kind.NODE_SUSPECT: _STRIKE,
+    Kind.NODE_DRAINED: frozenset({"reason", "black_hole"}),
+    Kind.NODE_RESUMED: frozenset(),
+    Kind.DRIFT_FINDING: _FINDING,
+    Kind.DRIFT_CLEARED: _FINDING | {"finding_id", "resumed", "reason"},
+    Kind.DRIFT_DRAINED: frozenset({"reason"}),
+    Kind.DRIFT_ACTION_FAILED: frozenset({"error"}),
+    Kind.CHECKPOINT_CORRUPT: frozenset({"path", "problems"}),
+    Kind.CHECKPOINT_MARKED: frozenset({"path"}),
+    Kind.CHECKPOINT_UNMARKED: frozenset({"path"}),
+    Kind.CHECKPOINT_REPLICATED: _REPLICA,
+    Kind.CHECKPOINT_REPLICATION_FAILED: _REPLICA,
+    Kind.CHECKPOINT_REPLICA_PRUNE_STARTED: frozenset({"target", "replicas"}),
+    Kind.CHECKPOINT_REPLICA_PRUNED: frozenset({"target", "paths"}),
+    Kind.CHECKPOINT_PRUNE_STARTED: frozenset({"paths"}),
+    Kind.CHECKPOINT_PRUNED: frozenset({"paths"}),
+    Kind.CHECKPOINT_PRUNE_REFUSED: frozenset({"why"}),
+    Kind.CHECKPOINT_TARGET_UNAVAILABLE: frozenset({"target", "error"}),
+    Kind.CHECKPOINT_TARGET_OK: frozenset({"target"}),
+    Kind.CHECKPOINT_OVERDUE: _SCHEDULE,
+    Kind.CHECKPOINT_SIGNAL: _SCHEDULE,
+    Kind.CHECKPOINT_OK: _SCHEDULE,
+    Kind.ACCOUNTING_UNAVAILABLE: frozenset({"error"}),
+    Kind.ACCOUNTING_RESTORED: frozenset({"down_for_s"}),
+    Kind.REPORT_SENDING: frozenset({"week", "to"}),
+    Kind.REPORT_SENT: frozenset({"week", "to", "message_id"}),
+    Kind.REPORT_FAILED: frozenset({"week", "error", "retry"}),
+    Kind.ALERT_SENT: frozenset({"kind", "last_id", "summary"}),
+    Kind.ALERTS_CURSOR: frozenset({"last_id"}),
+    Kind.CONFIG_RELOADED: frozenset({"changed", "needs_restart"}),
+    Kind.CONFIG_REFUSED: frozenset({"reason"}),
+    Kind.HA_ACQUIRED: _LEASE,
+    Kind.HA_FAILOVER: _LEASE,
+}
+
+# -- kinds that readers ask for together ------------------------------------------
+
+#: A node was taken out of service by the daemon (a failure, a black hole, drift).
+DRAINS = (Kind.NODE_DRAINED, Kind.DRIFT_DRAINED)
+#: A node was put back (by an operator or the daemon's drift scan).
+RETURNS = (Kind.NODE_RESUMED, Kind.DRIFT_CLEARED)
+#: Strikes against a node for the black-hole rule (only infrastructure failures).
+STRIKES = (Kind.NODE_FAILED, Kind.NODE_SUSPECT)
+#: What restarts a node's strike count: an operator's resume, or Slurm showing it back.
+STRIKE_RESETS = (Kind.NODE_RESUMED, Kind.NODE_STATE)
+#: A node's history as `b300ctl nodes NODE` shows it.
+NODE_HISTORY = (*STRIKES, *DRAINS, Kind.NODE_RESUMED, Kind.DRIFT_CLEARED, Kind.NODE_STATE)
+#: One accounting outage opens and closes with these.
+ACCOUNTING = (Kind.ACCOUNTING_UNAVAILABLE, Kind.ACCOUNTING_RESTORED)
+#: The checkpoint schedule's own record of an attempt (restored after a restart).
+SCHEDULE = (Kind.CHECKPOINT_OVERDUE, Kind.CHECKPOINT_SIGNAL, Kind.CHECKPOINT_OK)
+#: Where an attempt's exclusions and their causes are recorded.
+EXCLUSIONS = (Kind.ATTEMPT_INTENT, Kind.ATTEMPT_EXCLUDED)
+#: What recovery reads of an attempt to classify its end.
+END_CAUSES = (Kind.RUN_CANCEL, Kind.ATTEMPT_HANG, Kind.CHECKPOINT_SIGNAL)
+#: The alert scanner's bookmarks.
+ALERT_MARKS = (Kind.ALERT_SENT, Kind.ALERTS_CURSOR)
+#: The weekly report's delivery record.
+REPORT_DELIVERY = (Kind.REPORT_SENDING, Kind.REPORT_SENT, Kind.REPORT_FAILED)
+
+
+def check_event(kind: str, data: Mapping[str, object]) -> Kind:
+    """``kind`` as a :class:`Kind`; ValueError for an unknown kind or an undeclared key."""
+    try:
+        known = Kind(kind)
+    except ValueError:
+        raise ValueError(f"unknown event kind {kind!r} (declare it in b300.events)") from None
+    extra = set(data) - PAYLOAD[known]
+    if extra:
+        raise ValueError(f"event {kind} does not declare payload key(s) {sorted(extra)} "
+                         "(b300.events.PAYLOAD)")
+    return known
