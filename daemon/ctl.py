@@ -29,10 +29,9 @@ from .errors import B300Error, StoreError, one_line
 from .events import ACCOUNTING, Kind
 from .events_cli import add_events_command, run_events
 from .interfaces import Store
-from .model import Attempt, Run
+from .model import Attempt, Run, attempt_to_dict, run_to_dict
 from .nodes_cli import add_node_commands, run_nodes, run_notify
 from .report.cli import add_report_command, run_report
-from .service import attempt_to_dict, run_to_dict
 from .spec import load_spec_file, parse_spec
 from .store import open_store
 
@@ -283,7 +282,7 @@ def _status_one(store: Store, run_id: str, as_json: bool, state_dir: str = "") -
 def _exclusions(store: Store, attempt: Attempt) -> list[dict[str, str]]:
     """The attempt's exclusions, each with its cause and whether that still holds now."""
     from .recovery.exclusions import holds
-    from .runs import attempt_exclusions
+    from .run_actions import attempt_exclusions
 
     found = attempt_exclusions(store, attempt)
     if not found:

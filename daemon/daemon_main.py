@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 
 import structlog
 
+from .app.root import build_daemon
 from .config import Config, config_path, load_config, trigger_program, writable_paths
 from .errors import B300Error, ConfigError, SlurmError, one_line
 from .lease import DbLease, FileLease
 from .logs import configure_logging
 from .permissions import check_not_writable_by_others
-from .service import Daemon
 from .slurm import make_slurm_client
 from .slurm.release import SlurmRelease, check_release, parse_release, record_release
 from .store import create_engine, open_store
@@ -85,12 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       connect_timeout_s=max(2, int(call_timeout)), pool_size=1,
                                       application_name="b300d-lease"),
                         cfg.lease_name, ttl_s=cfg.lease_ttl_s, call_timeout_s=call_timeout)
-        daemon = Daemon(cfg, store, slurm, lease=lease)
+        daemon = build_daemon(cfg, store, slurm, lease=lease)
         if args.once:
             if not lease.try_acquire():
                 raise ConfigError("another b300d is active (it holds the lease); --once not run")
             try:
-                report = daemon.tracker.poll_once()
+                report = daemon.parts.cycles.cycle.run_once()
             finally:
                 lease.release()
             print(f"tracked={report.tracked} changed={report.changed} "

@@ -312,8 +312,13 @@ class Store(Protocol):
         ...
 
     def set_run_state(
-        self, run_id: str, state: RunState, now: datetime, events: Sequence[NewEvent] = ()
-    ) -> Run: ...
+        self, run_id: str, state: RunState, now: datetime, events: Sequence[NewEvent] = (),
+        *, actor: str = "daemon",
+    ) -> Run:
+        """Set the run's state; a change is recorded as a ``run.state`` event (``from``/``to``,
+        by ``actor``) in the same transaction, after ``events``. The one way a run's state
+        is written besides :meth:`update_attempts` (which records it the same way)."""
+        ...
 
     def begin_attempt(
         self,

@@ -253,3 +253,20 @@ class CheckpointInfo:
     save_s: float | None = None
     #: The layout that judged it (for ``layout = "auto"``: the one it recognised).
     layout: str = ""
+
+
+def run_to_dict(run: Run) -> dict[str, Any]:
+    """A run as b300ctl's JSON and the daemon's control replies show it."""
+    return {"id": run.id, "name": run.name, "state": run.state.value,
+            "created_at": run.created_at.isoformat(), "updated_at": run.updated_at.isoformat(),
+            "attempts": run.attempts_count}
+
+
+def attempt_to_dict(a: Attempt) -> dict[str, Any]:
+    """An attempt as b300ctl's JSON and the daemon's control replies show it."""
+    return {"number": a.number, "tag": a.tag, "state": a.state.value, "job_id": a.slurm_job_id,
+            "nodes": list(a.nodes), "excluded_nodes": list(a.excluded_nodes),
+            "resume_from": a.resume_from, "reason": a.reason, "exit_code": a.exit_code,
+            "signal": a.signal, "start": a.start.isoformat() if a.start else None,
+            "end": a.end.isoformat() if a.end else None,
+            "created_at": a.created_at.isoformat()}

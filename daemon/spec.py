@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .model import Run
 from .validate import (
     get_bool,
     get_int,
@@ -336,3 +337,8 @@ def _toml_str(value: str) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
+
+
+def spec_of(run: Run) -> JobSpec:
+    """The run's spec, parsed from the text stored with it (a SpecError names the run)."""
+    return parse_spec(run.spec_toml, where=f"run {run.id}")

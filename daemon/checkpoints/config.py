@@ -83,7 +83,7 @@ class TargetConfig:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointsConfig:
-    """[checkpoints]: the daemon's checkpoint pass (b300.checkpoints.watch) and upkeep
+    """[checkpoints]: the daemon's checkpoint pass (b300.checkpoints.checkpoint_pass) and upkeep
     (b300.checkpoints.upkeep)."""
 
     check_interval_s: float = 60.0

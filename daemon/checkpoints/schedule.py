@@ -8,7 +8,7 @@ marker), :func:`failure_history` (node-hours per infrastructure failure, from
 the run's and the cluster's attempts) and :func:`young_daly` (the interval
 ``sqrt(2 * save_time * MTBF)`` with the inputs it used).
 
-:class:`CheckpointWatcher` runs them for every running run and turns what it
+:class:`ScheduleEnforcer` runs them for every running run and turns what it
 finds into events. One overdue *episode* (an attempt whose newest checkpoint is
 older than its interval, until a new one arrives) gives
 
@@ -229,7 +229,7 @@ class _Episode:
     signals: int = 0
 
 
-class CheckpointWatcher:
+class ScheduleEnforcer:
     """Checks every running run's checkpoint schedule and signals overdue jobs that opted in.
 
     ``allow_signals`` False never signals anyone (the daemon-wide switch);

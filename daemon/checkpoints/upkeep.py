@@ -41,6 +41,7 @@ from ..events import Kind
 from ..interfaces import CheckpointRepository, NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
 from ..spec import parse_spec
+from .checkpoint_pass import runs_to_look_after
 from .config import CheckpointsConfig, TargetConfig
 from .layouts import load_layout
 from .manifest import read_manifest, verify
@@ -49,7 +50,6 @@ from .records import plan_state
 from .replicate import Throttle, load_target, replica_name, replicate
 from .resume import pending_resumes
 from .retention import PrunePlan, plan_prune
-from .watch import runs_to_look_after
 
 log = structlog.get_logger(__name__)
 TargetFactory = Callable[[str, Mapping[str, Any]], ReplicationTarget]

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..events import Kind
 from ..interfaces import Store
 from .baseline import expected_values
-from .records import ScanResult
+from .scanner import finding_to_dict
 
 _SCAN_TIMEOUT_S = 3600.0
 
@@ -67,22 +67,6 @@ def _scan(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def scan_result_to_dict(result: ScanResult) -> dict[str, Any]:
-    """The JSON form of a scan, as the daemon returns it to ``drift scan``."""
-    from .scanner import report_to_json
-
-    return {"started_at": result.started_at.isoformat(), "wall_s": round(result.wall_s, 3),
-            "nodes": {r.node: report_to_json(r, result.started_at) for r in result.reports},
-            "findings": [_finding(f) for f in result.findings],
-            "opened": [_finding(f) for f in result.opened], "closed": [_finding(f) for f in result.closed],
-            "drained": list(result.drained), "resumed": list(result.resumed), "errors": list(result.errors)}
-
-
-def _finding(f: Any) -> dict[str, Any]:
-    return {"node": f.node, "probe": f.probe, "kind": f.kind.value, "expected": f.expected,
-            "found": f.found, "policy": f.policy.value}
-
-
 def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], Store]) -> int:
     from .scanner import reports_from_matrix
 
@@ -90,7 +74,7 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
     try:
         drift = store.drift
         last = drift.last_scan()
-        findings = [_finding(o.finding) | {"id": o.id, "opened_at": o.opened_at.isoformat()}
+        findings = [finding_to_dict(o.finding) | {"id": o.id, "opened_at": o.opened_at.isoformat()}
                     for o in drift.open_findings()]
         drained = drift.drained_nodes()
         failed: list[dict[str, Any]] = [] if last is None else [

@@ -19,7 +19,7 @@ from ..errors import SlurmError, UsageError
 from ..interfaces import DriftProbe, DriftRepository, NodeCommandRunner, SlurmClient, Store
 from .baseline import find_differences, node_report, plan_actions, released
 from .config import DriftConfig
-from .records import NodeReport, NodeRun, NodeStatus, Policy, ProbeStatus, ProbeValue, ScanResult
+from .records import Finding, NodeReport, NodeRun, NodeStatus, Policy, ProbeStatus, ProbeValue, ScanResult
 
 log = structlog.get_logger(__name__)
 
@@ -196,3 +196,18 @@ def build_drift_scanner(config: DriftConfig, store: Store, slurm: SlurmClient) -
     probes = load_probes(config.probes)
     return DriftScanner(config, store.drift, slurm, probes=probes,
                         runner=ParamikoRunner(config.ssh, config.endpoints()))
+
+
+def scan_result_to_dict(result: ScanResult) -> dict[str, Any]:
+    """The JSON form of a scan, as the daemon returns it to ``drift scan``."""
+    return {"started_at": result.started_at.isoformat(), "wall_s": round(result.wall_s, 3),
+            "nodes": {r.node: report_to_json(r, result.started_at) for r in result.reports},
+            "findings": [finding_to_dict(f) for f in result.findings],
+            "opened": [finding_to_dict(f) for f in result.opened],
+            "closed": [finding_to_dict(f) for f in result.closed],
+            "drained": list(result.drained), "resumed": list(result.resumed), "errors": list(result.errors)}
+
+
+def finding_to_dict(f: Finding) -> dict[str, Any]:
+    return {"node": f.node, "probe": f.probe, "kind": f.kind.value, "expected": f.expected,
+            "found": f.found, "policy": f.policy.value}

@@ -130,15 +130,22 @@ class SqlStore:
             return [to_run(row, counts.get(row.id, 0)) for row in rows]
 
     def set_run_state(
-        self, run_id: str, state: RunState, now: datetime, events: Sequence[NewEvent] = ()
+        self, run_id: str, state: RunState, now: datetime, events: Sequence[NewEvent] = (),
+        *, actor: str = "daemon",
     ) -> Run:
-        """Set the run's state (any transition; the store does not judge them)."""
+        """Set the run's state (any transition; the store does not judge them); a change
+        is recorded as a ``run.state`` event (``from``/``to``, by ``actor``) after ``events``
+        and moves ``updated_at``; setting the state it has only appends ``events``."""
         _require_aware(now)
         with self._sessions.write() as session:
             row = _get_run_row(session, run_id)
-            row.state = RunState(state).value
-            row.updated_at = now
-            session.flush()
+            events = list(events)
+            if row.state != RunState(state).value:
+                events.append(NewEvent(Kind.RUN_STATE, actor=actor, data={
+                    "from": row.state, "to": RunState(state).value}))
+                row.state = RunState(state).value
+                row.updated_at = now
+                session.flush()
             self._sessions.add_events(session, events, now, run_id=run_id)
             return to_run(row, _attempt_counts(session, run_id).get(run_id, 0))
 

@@ -8,7 +8,7 @@ Runs against the real local Slurm cluster (``deploy/localcluster.sh up``)::
 1. Queues ``--queued`` held jobs (``sbatch --hold``) in slurmctld, several sbatch
    processes at a time. The first ``--tracked`` are attempts of runs created in a
    fresh SQLite store (job name = the attempt's tag); the rest are filler.
-2. Runs ``--cycles`` cycles of the daemon's ``JobTracker.poll_once`` and
+2. Runs ``--cycles`` cycles of the daemon's poll cycle (``PollCycle.run_once``) and
    ``--naive-cycles`` cycles of a naive tracker (one ``squeue -j ID`` per job).
    For each: Slurm tool runs, CPU (this process and its child processes), wall
    time, and slurmctld RPCs from ``sdiag`` (reset before, read after every cycle).
@@ -48,15 +48,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from b300.cycle.pipeline import PollCycle
+from b300.cycle.track import AttemptTracker
+from b300.cycle.view import ClusterObserver
 from b300.logs import configure_logging
 from b300.model import AttemptState
-from b300.runs import RunService
+from b300.run_actions import RunActions
 from b300.slurm.cli import CliSlurmClient
 from b300.slurm.parse import parse_sbatch
 from b300.slurm.script import attempt_tag
 from b300.spec import parse_spec
 from b300.store import open_store
-from b300.tracker import JobTracker
 
 DEFAULT_CONF = "/var/tmp/b300-cluster/etc/slurm.conf"
 TOOL_TIMEOUT_S = 60.0
@@ -350,7 +352,7 @@ def check_store(store: Any, expected: Mapping[int, int], *, want_reason: bool) -
     return bad
 
 
-def measure_daemon(tracker: JobTracker, client: CliSlurmClient, store: Any,
+def measure_daemon(tracker: PollCycle, client: CliSlurmClient, store: Any,
                    expected: Mapping[int, int], probe: SdiagProbe,
                    cycles: int) -> list[CycleFigures]:
     out = []
@@ -358,7 +360,7 @@ def measure_daemon(tracker: JobTracker, client: CliSlurmClient, store: Any,
     for n in range(1, cycles + 1):
         tools0 = dict(client.calls)
         child0 = children_cpu()
-        report = tracker.poll_once()
+        report = tracker.run_once()
         child_s = children_cpu() - child0
         rpc = probe.delta()
         tools = {k: v - tools0.get(k, 0) for k, v in client.calls.items() if v - tools0.get(k, 0)}
@@ -634,7 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return subprocess.run([*prefix, *argv], **kw)
 
         client = CliSlurmClient(slurm_conf=args.slurm_conf, timeout=TOOL_TIMEOUT_S, runner=runner)
-        tracker = JobTracker(store, client, RunService(store, client, clock), clock)
+        tracker = PollCycle(store=store, slurm=client, actions=RunActions(store, client, clock),
+                            observer=ClusterObserver(client, store),
+                            tracker=AttemptTracker(store, clock, recovering=False), clock=clock)
         probe = SdiagProbe(env, rpc_user)
         print(f"daemon tracker: {args.cycles} cycles", file=sys.stderr)
         daemon_rows = measure_daemon(tracker, client, store, expected, probe, args.cycles)

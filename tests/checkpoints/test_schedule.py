@@ -16,7 +16,7 @@ from ckpt_fixtures import generic
 
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.schedule import (
-    CheckpointWatcher,
+    ScheduleEnforcer,
     failure_history,
     format_span,
     observed_mtbf,
@@ -147,7 +147,7 @@ def _kinds(events: list[NewEvent]) -> list[str]:
 def test_without_opt_in_one_alert_per_episode_and_no_signal(tmp_path: Path) -> None:
     ckpt_dir = tmp_path / "ckpt"
     ckpt_dir.mkdir()
-    watcher = CheckpointWatcher(_no_slurm(tmp_path), load_layout, signal_grace_s=60)
+    watcher = ScheduleEnforcer(_no_slurm(tmp_path), load_layout, signal_grace_s=60)
     run = _run(_spec(ckpt_dir, "1m"))
     attempt = _attempt(AttemptState.RUNNING, NOW - timedelta(seconds=69.94), job=4242)
     runs = [(run, [attempt])]
@@ -174,13 +174,13 @@ def test_without_opt_in_one_alert_per_episode_and_no_signal(tmp_path: Path) -> N
 def test_an_ended_run_gets_nothing_and_a_restart_does_not_page_again(tmp_path: Path) -> None:
     ckpt_dir = tmp_path / "ckpt"
     ckpt_dir.mkdir()
-    watcher = CheckpointWatcher(_no_slurm(tmp_path), load_layout)
+    watcher = ScheduleEnforcer(_no_slurm(tmp_path), load_layout)
     run = _run(_spec(ckpt_dir, "1m"))
     attempt = _attempt(AttemptState.RUNNING, NOW - timedelta(minutes=5))
     (overdue,) = watcher.check([(run, [attempt])], [attempt], NOW)
     # The daemon restarts: the episode comes back from the recorded event, no second alert.
     recorded = Event(1, NOW, overdue.kind, overdue.run_id, overdue.attempt_id, data=overdue.data)
-    restarted = CheckpointWatcher(_no_slurm(tmp_path), load_layout)
+    restarted = ScheduleEnforcer(_no_slurm(tmp_path), load_layout)
     restarted.restore([recorded])
     assert restarted.check([(run, [attempt])], [attempt], NOW + timedelta(minutes=1)) == []
     # The run ends while overdue, then a checkpoint appears: no "schedule met again" for it.
@@ -198,13 +198,13 @@ def test_allow_signals_false_and_a_job_that_died_of_the_signal_are_not_signalled
     ckpt_dir.mkdir()
     run = _run(_spec(ckpt_dir, "1m", signal="USR1"))
     attempt = _attempt(AttemptState.RUNNING, NOW - timedelta(minutes=5), number=1)
-    off = CheckpointWatcher(_no_slurm(tmp_path), load_layout, allow_signals=False)
+    off = ScheduleEnforcer(_no_slurm(tmp_path), load_layout, allow_signals=False)
     (e,) = off.check([(run, [attempt])], [attempt], NOW)
     assert e.kind == "checkpoint.overdue" and "allow_signals = false" in str(e.data["message"])
     died = _attempt(AttemptState.FAILED, NOW - timedelta(hours=1), NOW - timedelta(minutes=6), number=1,
                     outcome="SIGNALLED")
     second = _attempt(AttemptState.RUNNING, NOW - timedelta(minutes=5), number=2)
-    watcher = CheckpointWatcher(_no_slurm(tmp_path), load_layout)
+    watcher = ScheduleEnforcer(_no_slurm(tmp_path), load_layout)
     (e,) = watcher.check([(run, [died, second])], [died, second], NOW)
     assert "attempt 1 died of USR1: not signalled again" in str(e.data["message"])
 
@@ -238,7 +238,7 @@ def test_opted_in_job_gets_one_signal_per_interval_and_one_alert(
     ckpt_dir = tmp_path / "ckpt"
     generic(ckpt_dir, 100, t=(NOW - timedelta(hours=3)).timestamp())
     slurm = CliSlurmClient(slurm_conf=slurm_conf, bin_dir=None, timeout=30)
-    watcher = CheckpointWatcher(slurm, load_layout, signal_grace_s=300)
+    watcher = ScheduleEnforcer(slurm, load_layout, signal_grace_s=300)
     attempts = [_attempt(AttemptState.NODE_FAIL, NOW - timedelta(hours=8), NOW - timedelta(hours=4), number=1),
                 _attempt(AttemptState.RUNNING, NOW - timedelta(hours=4), job=job_id, number=2)]
     runs = [(_run(_spec(ckpt_dir, "1h", signal="USR1")), attempts)]
@@ -274,7 +274,7 @@ def test_a_job_that_answers_the_signal_pages_nobody(
     ckpt_dir = tmp_path / "ckpt"
     generic(ckpt_dir, 1, t=(NOW - timedelta(minutes=2)).timestamp())
     slurm = CliSlurmClient(slurm_conf=slurm_conf, bin_dir=None, timeout=30)
-    watcher = CheckpointWatcher(slurm, load_layout, signal_grace_s=30)
+    watcher = ScheduleEnforcer(slurm, load_layout, signal_grace_s=30)
     attempt = _attempt(AttemptState.RUNNING, NOW - timedelta(hours=1), job=job_id)
     runs = [(_run(_spec(ckpt_dir, "1m", signal="USR1")), [attempt])]
     kinds: list[str] = []

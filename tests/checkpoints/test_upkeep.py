@@ -262,7 +262,7 @@ def test_watch_pass_fingerprints_an_ended_run_and_verifies_unjudged_manifests(
     """A run that ended still gets manifests (its last checkpoints must be copied); a
     checkpoint whose manifest exists but whose verdict the store lacks (the daemon
     stopped between the two) is verified against it, and a changed one fails."""
-    from b300.checkpoints.watch import CheckpointPass
+    from b300.checkpoints.checkpoint_pass import CheckpointPass
     from b300.model import RunState
     from b300.slurm.cli import CliSlurmClient
 

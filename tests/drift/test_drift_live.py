@@ -148,17 +148,17 @@ def test_unknown_host_keys_are_refused_and_a_jump_host_works(sim: Sim, store: Sq
     assert all("jump host" in r.error for r in runs.values())
 
 
-def test_service_rescans_only_when_the_last_scan_is_too_old(sim: Sim, store: SqlStore, slurm_conf: str) -> None:
+def test_watch_rescans_only_when_the_last_scan_is_too_old(sim: Sim, store: SqlStore, slurm_conf: str) -> None:
     import threading
 
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from b300.drift.service import DriftService
+    from b300.drift.watch import DriftWatch
 
     now = [T0]
     cfg = drift_config(sim, {"gpu01": sim.port("good1"), "gpu02": sim.port("good2")},
                        max_age="1h", interval="10m", probes=["nccl"])
-    service = DriftService(scanner(cfg, store, slurm_conf), threading.Lock(), lambda: now[0])
+    service = DriftWatch(scanner(cfg, store, slurm_conf), threading.Lock(), lambda: now[0])
     first = service.scan_if_stale(now[0])
     assert first is not None and {r.status for r in first.reports} == {NodeStatus.OK}
     now[0] = T0 + timedelta(minutes=59)

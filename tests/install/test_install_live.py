@@ -119,7 +119,7 @@ def test_install_layout(installed: Install) -> None:
     cfg = (inst.prefix / "venv" / "pyvenv.cfg").read_text()
     assert "home = /usr/bin" in cfg and "include-system-site-packages = false" in cfg
     py = inst.prefix / "venv" / "bin" / "python"
-    where = subprocess.run([str(py), "-c", "import b300, b300.recovery.service; print(b300.__file__)"],
+    where = subprocess.run([str(py), "-c", "import b300, b300.recovery.recoverer; print(b300.__file__)"],
                            capture_output=True, text=True, check=True, timeout=60,
                            cwd="/").stdout.strip()
     assert where.startswith(str(inst.prefix / "venv" / "lib")), where

@@ -106,7 +106,7 @@ def test_every_module_imports_from_the_installed_wheel(wheel: Path, tmp_path: Pa
     (Path(purelib) / "zz_test_deps.pth").write_text("".join(f"{p}\n" for p in deps))
 
     modules = [m for m in source_modules() if m not in NOT_IMPORTABLE]
-    assert "b300.recovery.service" in modules
+    assert "b300.recovery.recoverer" in modules
     proc = subprocess.run([str(py), "-I", "-c", _CHECK, purelib, json.dumps(modules)],
                           capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

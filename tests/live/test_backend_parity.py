@@ -267,8 +267,11 @@ def test_nodes_drain_and_resume(
 def test_exclude_update_sets_and_clears(
         backends: tuple[CliSlurmClient, PyslurmClient, Boundary], slurm_conf: str, tmp_path: Path) -> None:
     cli, pys, boundary = backends
-    job_id = cli.submit(_request(tmp_path, "parity-exclude", "sleep 1"))
-    slurm_cmd(slurm_conf, "scontrol", "hold", str(job_id))
+    # Held from the start (a hold sent after sbatch loses to the scheduler on a busy machine):
+    # exclusions are changed on a pending job.
+    job_id = int(slurm_cmd(slurm_conf, "sbatch", "--parsable", "--hold", "-J", "parity-exclude",
+                           "-p", "batch", "-t", "00:10:00", "-o", f"{tmp_path}/out-%j.txt",
+                           "--wrap", "sleep 1").split(";")[0])
 
     def exc() -> tuple[str, ...]:
         f = _fields(slurm_cmd(slurm_conf, "scontrol", "show", "job", "-o", str(job_id)))
@@ -286,6 +289,7 @@ def test_exclude_update_sets_and_clears(
     cli.exclude_nodes(job_id, ["gpu03"])
     cli.exclude_nodes(job_id, [])
     assert exc() == ()
+    slurm_cmd(slurm_conf, "scancel", str(job_id))
 
 
 def _broken_conf(slurm_conf: str, tmp_path: Path, key: str) -> str:

@@ -46,7 +46,18 @@ def _start_in_unit_view(d: DaemonHandle) -> list[str]:
     for p in paths:
         Path(p).mkdir(parents=True, exist_ok=True)
     script = "set -e\n" + "".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)}\n" for p in paths)
-    script += "mount -t tmpfs tmpfs /tmp\nmount -o remount,bind,ro /\n"
+    # PrivateTmp hides a checkout under /tmp (where the editable install points): carry it
+    # over the new tmpfs, as the unit would see a package installed outside /tmp.
+    under_tmp = REPO.is_relative_to("/tmp")
+    held = d.state_dir.parent / "repo-held"
+    if under_tmp:
+        held.mkdir(exist_ok=True)
+        script += f"mount --bind {shlex.quote(str(REPO))} {shlex.quote(str(held))}\n"
+    script += "mount -t tmpfs tmpfs /tmp\n"
+    if under_tmp:
+        script += (f"mkdir -p {shlex.quote(str(REPO))}\n"
+                   f"mount --bind {shlex.quote(str(held))} {shlex.quote(str(REPO))}\n")
+    script += "mount -o remount,bind,ro /\n"
     script += f"exec {shlex.quote(sys.executable)} -m b300.daemon_main --config {shlex.quote(str(d.config))}\n"
     with open(d.log, "ab") as out:
         # unshare and sh exec: the pid is the daemon's own.

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from b300.app.reloader import plan_reload
 from b300.config import load_config
 from b300.errors import ConfigError
 from b300.health import CycleHealth, Watchdog, watchdog_interval_s
-from b300.reload import plan_reload
 
 
 def _cfg(tmp_path: Path, extra: str = "", daemon: str = "") -> Path:

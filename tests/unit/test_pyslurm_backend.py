@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from b300.cycle.observe import attempt_state_for
 from b300.errors import SlurmError
 from b300.model import SlurmState
 from b300.recovery.classify import node_is_bad
@@ -14,7 +15,6 @@ from b300.slurm.pyslurm_backend import (
     release,
     signal_name,
 )
-from b300.tracking import attempt_state_for
 
 
 @pytest.mark.parametrize(("raw", "state", "flags"), [

@@ -8,24 +8,24 @@ cycle or a b300ctl command and never holds them up for the SSH part.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 
-from ..errors import B300Error, UsageError
-from ..interfaces import SlurmClient
-from .cli import scan_result_to_dict
+from ..errors import B300Error
+from ..interfaces import SlurmClient, Store
 from .config import DriftConfig
 from .records import ScanResult
-from .scanner import DriftScanner, build_drift_scanner
+from .scanner import DriftScanner, build_drift_scanner, scan_result_to_dict
 
 log = structlog.get_logger(__name__)
 
 
-class DriftService:
-    """Runs :class:`DriftScanner` scans for the daemon."""
+class DriftWatch:
+    """Runs :class:`DriftScanner` scans for the daemon: on request, on a schedule, and
+    before a run is placed when the last scan is stale."""
 
     def __init__(self, scanner: DriftScanner, lock: threading.Lock, clock: Callable[[], datetime]) -> None:
         self.scanner = scanner
@@ -37,12 +37,9 @@ class DriftService:
         with self._lock:
             return self.scanner.apply(collected, self._clock(), actor=actor)
 
-    def scan_request(self, request: dict[str, Any], actor: str) -> dict[str, Any]:
-        """The control op ``drift_scan``: ``{"nodes": [names]}`` (empty: all)."""
-        nodes = request.get("nodes") or []
-        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-            raise UsageError("nodes must be a list of node names")
-        result = self.scan(nodes or None, actor)
+    def scan_request(self, nodes: Sequence[str], actor: str) -> dict[str, Any]:
+        """The control op ``drift_scan`` (no nodes: all of them); the scan as JSON."""
+        result = self.scan(list(nodes) or None, actor)
         log.info("drift.scan", by=actor, nodes=len(result.reports), findings=len(result.findings),
                  drained=list(result.drained), resumed=list(result.resumed), wall_s=round(result.wall_s, 2))
         return scan_result_to_dict(result)
@@ -76,9 +73,9 @@ class DriftService:
                           coalesce=True, next_run_time=self._clock())
 
 
-def make_drift_service(config: DriftConfig | None, store: Any, slurm: SlurmClient, lock: threading.Lock,
-                       clock: Callable[[], datetime]) -> DriftService | None:
-    """The daemon's drift service, or None without a ``[drift]`` section."""
+def make_drift_watch(config: DriftConfig | None, store: Store, slurm: SlurmClient, lock: threading.Lock,
+                     clock: Callable[[], datetime]) -> DriftWatch | None:
+    """The daemon's drift watch, or None without a ``[drift]`` section."""
     if config is None:
         return None
-    return DriftService(build_drift_scanner(config, store, slurm), lock, clock)
+    return DriftWatch(build_drift_scanner(config, store, slurm), lock, clock)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .events import Kind
-from .interfaces import NewEvent
-from .model import Attempt, AttemptState, JobObservation, RunState, SlurmState
+from ..events import Kind
+from ..interfaces import NewEvent
+from ..model import Attempt, AttemptState, JobObservation, RunState, SlurmState
 
 _ACTIVE_MAP = {
     SlurmState.PENDING: AttemptState.PENDING,

@@ -10,7 +10,7 @@ has a checkpoint folder:
   later verify the bytes it resumes from;
   (runs that ended in the last week too: their last checkpoints still need
   a manifest before they can be copied offsite);
-- checks the schedule (:class:`~.schedule.CheckpointWatcher`): one
+- checks the schedule (:class:`~.schedule.ScheduleEnforcer`): one
   ``checkpoint.overdue`` alert per overdue episode, one ``checkpoint.signal``
   event per signal sent to a job whose spec opts in (at most one per interval),
   one ``checkpoint.ok`` when a running attempt's schedule is met again.
@@ -30,7 +30,7 @@ from ..model import Run, RunState
 from ..spec import parse_spec
 from .layouts import load_layout
 from .manifest import ensure_manifest, read_manifest, verify
-from .schedule import HISTORY, CheckpointWatcher
+from .schedule import HISTORY, ScheduleEnforcer
 
 log = structlog.get_logger(__name__)
 _ACTIVE = [RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING, RunState.RECOVERING]
@@ -61,7 +61,7 @@ class CheckpointPass:
         self._checkpoints = checkpoints
         self._clock = clock
         self._per_pass = manifests_per_pass
-        self._watcher = CheckpointWatcher(slurm, load_layout, allow_signals=allow_signals,
+        self._watcher = ScheduleEnforcer(slurm, load_layout, allow_signals=allow_signals,
                                           signal_grace_s=signal_grace_s)
         self._restored = False
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from b300.cycle.observe import attempt_state_for, observe_attempt, run_state_for
 from b300.model import Attempt, AttemptState, JobObservation, RunState, SlurmState
-from b300.tracking import attempt_state_for, observe_attempt, run_state_for
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -2,7 +2,7 @@
 
 Every submission is an intent recorded before ``sbatch`` runs (an attempt in
 state SUBMITTING whose Slurm job name is its unique tag) and confirmed after.
-A crash between the two leaves the intent; :meth:`RunService.resolve_intent`
+A crash between the two leaves the intent; :meth:`RunActions.resolve_intent`
 then looks the tag up in Slurm and adopts the job it finds, or submits only
 when Slurm has no such job and the grace period for a late sbatch is over.
 So an attempt reaches Slurm at most once, and is never lost.
@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from .cycle.observe import run_state_for
 from .errors import SlurmError, UsageError
 from .events import EXCLUSIONS, Kind
 from .faults import crashpoint
@@ -26,8 +27,7 @@ from .model import Attempt, AttemptState, Run, RunState
 from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
-from .spec import JobSpec, parse_spec
-from .tracking import run_state_for
+from .spec import JobSpec, spec_of
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -51,8 +51,9 @@ def new_run_id(name: str) -> str:
     return f"{slug}-{secrets.token_hex(3)}"
 
 
-class RunService:
-    """Acts on runs. Callers serialize calls (the daemon holds one action lock)."""
+class RunActions:
+    """Submits, resubmits and cancels runs. Callers serialize calls (the daemon holds one
+    action lock)."""
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class RunService:
             raise UsageError("--from-checkpoint and --from-scratch exclude each other")
         if resume_from is not None and not _PATH_RE.fullmatch(resume_from):
             raise UsageError(f"--from-checkpoint must be an absolute path, got {resume_from!r}")
-        spec = parse_spec(run.spec_toml, where=f"run {run_id}")
+        spec = spec_of(run)
         from .checkpoints.resume_point import check_resume_path, newest_verified
 
         if resume_from is not None and checked is None:
@@ -215,8 +216,7 @@ class RunService:
                 attempt.id, now, state=AttemptState.ABANDONED, reason=f"cancelled by {actor}",
                 events=[NewEvent(Kind.ATTEMPT_ABANDONED, run_id=run_id, attempt_id=attempt.id,
                                  actor=actor, data={"why": "cancelled before it reached Slurm"})])
-            self._store.set_run_state(run_id, RunState.CANCELLED, now, events=[
-                NewEvent(Kind.RUN_STATE, run_id=run_id, actor=actor, data={"to": "CANCELLED"})])
+            self._store.set_run_state(run_id, RunState.CANCELLED, now, actor=actor)
             return self._store.get_run(run_id)
         self._slurm.cancel(attempt.slurm_job_id)
         self._store.append_events([NewEvent(
@@ -251,7 +251,7 @@ class RunService:
         if not submit or age < self._grace:
             return attempt
         run = self._store.get_run(attempt.run_id)
-        spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+        spec = spec_of(run)
         return self._sbatch(attempt, spec)
 
     def _sbatch(self, attempt: Attempt, spec: JobSpec) -> Attempt:
@@ -302,9 +302,4 @@ class RunService:
         return confirmed
 
     def _set_run_state(self, run_id: str, latest: Attempt) -> None:
-        state = run_state_for(latest)
-        run = self._store.get_run(run_id)
-        if run.state != state:
-            self._store.set_run_state(run_id, state, self._clock(), events=[
-                NewEvent(Kind.RUN_STATE, run_id=run_id,
-                         data={"from": run.state.value, "to": state.value})])
+        self._store.set_run_state(run_id, run_state_for(latest), self._clock())

@@ -1,0 +1,120 @@
+"""The daemon's operational side jobs: systemd watchdog, metrics, alerts, weekly report.
+
+:class:`Operations` is built by the composition root and started with the
+daemon's scheduler; each part is optional (configured or not) and none of them
+can stop the poll cycle: their failures are logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from datetime import datetime
+
+import structlog
+from apscheduler.schedulers.base import BaseScheduler
+
+from ..alerts import AlertScanner
+from ..config import Config
+from ..cycle.track import AccountingHealth
+from ..errors import B300Error
+from ..health import CycleHealth, Watchdog, watchdog_interval_s
+from ..interfaces import Store
+from ..metrics import MetricsServer, MetricsSnapshot, collect_metrics
+from ..report.schedule import schedule_report
+
+log = structlog.get_logger(__name__)
+
+
+class Operations:
+    """Watchdog pings, the metrics listener, alert scans and the weekly report's schedule."""
+
+    def __init__(
+        self,
+        *,
+        config: Callable[[], Config],
+        store: Store,
+        clock: Callable[[], datetime],
+        fence: Callable[[str], None],
+        health: CycleHealth,
+        accounting: Callable[[], AccountingHealth],
+        running: Callable[[], bool],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._clock = clock
+        self._fence = fence
+        self._health = health
+        self._accounting = accounting
+        self._running = running
+        self._watchdog: Watchdog | None = None
+        self._scheduler: BaseScheduler | None = None
+        self.metrics: MetricsServer | None = None
+        self.alerts = AlertScanner(store, lambda: (config().alerts, config().report.smtp), clock,
+                                   fence=fence)
+
+    def healthy(self) -> bool:
+        """The scheduler runs and no poll cycle is stuck (Slurm calls time out long before)."""
+        cfg = self._config()
+        stuck_after = max(300.0, 10 * cfg.slurm_timeout_s, 3 * cfg.poll_interval_s)
+        return self._running() and not self._health.stuck(stuck_after)
+
+    def start(self, scheduler: BaseScheduler, notify: Callable[[str], bool]) -> None:
+        self._scheduler = scheduler
+        cfg = self._config()
+        schedule_report(scheduler, self._store, lambda: self._config().report, self._clock,
+                        fence=self._fence)
+        try:
+            self.alerts.prime()
+        except B300Error as exc:
+            log.error("alerts.not_primed", error=str(exc))
+        self._schedule_alerts()
+        if cfg.metrics.enabled:
+            try:
+                self.metrics = MetricsServer(cfg.metrics.host, cfg.metrics.port, self.snapshot)
+            except OSError as exc:  # a taken port must not stop the daemon
+                log.error("metrics.not_started", listen=f"{cfg.metrics.host}:{cfg.metrics.port}",
+                          error=str(exc))
+            else:
+                self.metrics.start()
+                log.info("metrics.started", address=f"{cfg.metrics.host}:{self.metrics.address[1]}")
+        interval = watchdog_interval_s(os.environ.get("WATCHDOG_USEC"))
+        if interval is not None:
+            self._watchdog = Watchdog(interval, self.healthy, notify)
+            self._watchdog.start()
+            log.info("watchdog.started", every_s=round(interval, 3))
+
+    def reconfigure(self, old: Config, new: Config) -> None:
+        """A config reload: reschedule what depends on [report] and [alerts]."""
+        if old.report != new.report and self._scheduler is not None:
+            schedule_report(self._scheduler, self._store, lambda: self._config().report, self._clock,
+                            fence=self._fence)
+        if old.alerts.scan_interval_s != new.alerts.scan_interval_s:
+            self._schedule_alerts()
+
+    def snapshot(self) -> MetricsSnapshot:
+        acc = self._accounting()
+        return dataclasses.replace(collect_metrics(self._store, self._health.snapshot(), self._clock()),
+                                   accounting_up=acc.up, accounting_failures_total=acc.failures_total)
+
+    def scan_alerts(self) -> None:
+        try:
+            sent = self.alerts.scan()
+        except Exception:  # alerting must never take the daemon down
+            log.exception("alerts.crashed")
+            return
+        log.debug("alerts.scanned", sent=sent)  # the tests wait for scans by this line
+
+    def _schedule_alerts(self) -> None:
+        if self._scheduler is None:
+            return
+        self._scheduler.add_job(self.scan_alerts, "interval", id="alerts", replace_existing=True,
+                                seconds=self._config().alerts.scan_interval_s, max_instances=1,
+                                coalesce=True)
+
+    def stop(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self._watchdog is not None:
+            self._watchdog.stop()

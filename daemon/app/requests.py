@@ -1,0 +1,97 @@
+"""The control socket's requests, one model per op (pydantic: strict, unknown keys refused).
+
+b300ctl (or anything else with access to the socket) sends one JSON object per
+request: ``op``, the op's own fields, and ``deadline`` (Unix time after which the
+client has given up). A request that does not fit its model is refused with one
+line naming the field, exit code 2; it never reaches the daemon's parts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import UsageError
+
+_NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+Text = Annotated[str, Field(max_length=1 << 20)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    op: str
+    deadline: float | int | None = None
+
+
+class Ping(_Request):
+    op: Literal["ping"]
+
+
+class Wake(_Request):
+    """A Slurm trigger (node down) or an operator asks for a cycle now."""
+
+    op: Literal["wake"]
+    why: Annotated[str, Field(max_length=4096)] = ""
+
+
+class Submit(_Request):
+    op: Literal["submit"]
+    spec_toml: Text
+    where: Annotated[str, Field(max_length=4096)] = "spec"
+
+
+class Resubmit(_Request):
+    op: Literal["resubmit"]
+    run_id: Annotated[str, Field(max_length=64)]
+    exclude: list[Annotated[str, Field(max_length=4096)]] = []
+    resume_from: Annotated[str, Field(max_length=4096)] | None = None
+    force: bool = False
+    from_scratch: bool = False
+
+
+class Cancel(_Request):
+    op: Literal["cancel"]
+    run_id: Annotated[str, Field(max_length=64)]
+
+
+class NodeResume(_Request):
+    op: Literal["node_resume"]
+    node: str
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not _NODE_RE.fullmatch(value):
+            raise ValueError(f"bad node name {value!r}")
+        return value
+
+
+class DriftScan(_Request):
+    op: Literal["drift_scan"]
+    nodes: list[Annotated[str, Field(max_length=64)]] = []
+
+
+#: Every op and its model; ``mutating`` ops change the world and are admin-only.
+MODELS: dict[str, type[_Request]] = {
+    "ping": Ping, "wake": Wake, "submit": Submit, "resubmit": Resubmit, "cancel": Cancel,
+    "node_resume": NodeResume, "drift_scan": DriftScan,
+}
+READ_ONLY = frozenset({"ping"})
+
+
+def parse_request(raw: dict[str, Any]) -> _Request:
+    """The request as its op's model; UsageError (one line, exit 2) when it does not fit."""
+    op = raw.get("op")
+    model = MODELS.get(op) if isinstance(op, str) else None
+    if model is None:
+        raise UsageError(f"unknown request {op!r}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        raise UsageError(f"{op}: {where}: {msg}") from None

@@ -1,0 +1,179 @@
+"""The composition root: every part of b300d built once, from the config, and wired.
+
+Nothing else constructs the daemon's parts; tests build theirs the same way
+(:func:`build_daemon` with their own store and Slurm client). No part reaches for
+another through a global: what a part needs is passed in here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import structlog
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from ..checkpoints.access import checkpoint_dir_problem
+from ..checkpoints.checkpoint_pass import CheckpointPass
+from ..checkpoints.upkeep import CheckpointUpkeep
+from ..config import Config, trigger_program
+from ..cycle.pipeline import PollCycle
+from ..cycle.track import AttemptTracker
+from ..cycle.view import ClusterObserver
+from ..drift.watch import DriftWatch, make_drift_watch
+from ..errors import B300Error, SlurmError, StoreError
+from ..fence import Fence, FencedSlurm
+from ..health import CycleHealth
+from ..interfaces import SlurmClient, Store
+from ..lease import DbLease
+from ..logs import configure_logging
+from ..recovery.hangs import HangWatch
+from ..recovery.recoverer import Recoverer
+from ..run_actions import RunActions
+from ..spec import spec_of
+from .daemon import CycleRunner, Daemon, DaemonParts
+from .lifetime import Lifetime
+from .operations import Operations
+from .reloader import ConfigChange, ConfigReloader
+from .router import ControlRouter
+from .trigger import arm_node_trigger
+
+log = structlog.get_logger(__name__)
+
+
+class _Current:
+    """The config in force (replaced on a reload); parts read it through ``get``."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def get(self) -> Config:
+        return self.config
+
+
+def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
+                 lease: DbLease | None = None,
+                 clock: Callable[[], datetime] | None = None) -> Daemon:
+    """Every part of b300d for ``config``, on ``store`` and ``slurm``, wired together."""
+    clock = clock or (lambda: datetime.now(UTC))
+    current = _Current(config)
+    lifetime = Lifetime(lease)
+    lock = threading.Lock()
+    # Fencing (b300.fence): every changing Slurm call proves the lease first.
+    fence = Fence(lease, on_fenced=lifetime.lease_lost)
+    if lease is not None:
+        slurm = FencedSlurm(slurm, fence)
+    drift = make_drift_watch(config.drift, store, slurm, lock, clock)
+    recovery_on = config.recovery.enabled
+    recoverer: Recoverer | None = None
+    actions = RunActions(store, slurm, clock, submit_grace_s=config.submit_grace_s,
+                         job_log_dir=config.job_log_dir,
+                         avoid_nodes=lambda: _drifted_nodes(drift, store, slurm),
+                         black_holes=lambda: recoverer.black_hole_nodes() if recoverer else set())
+    if recovery_on:
+        recoverer = Recoverer(store, slurm, actions, clock, config.recovery,
+                              job_log_dir=config.job_log_dir)
+    tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
+                             recovering=recovery_on)
+    cycle = PollCycle(store=store, slurm=slurm, actions=actions,
+                      observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
+                      recoverer=recoverer, hangs=HangWatch(store, slurm, clock) if recovery_on else None)
+    health = CycleHealth()
+    cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
+    scheduler = BackgroundScheduler(timezone=UTC)
+
+    def wake() -> None:
+        """Run a cycle soon (a node-down trigger, or after a change made through the socket)."""
+        cycles.wake()
+        try:
+            scheduler.modify_job("poll", next_run_time=datetime.now(UTC))
+        except Exception:  # the scheduler may be starting or shutting down
+            log.debug("wake.skipped")
+
+    operations = Operations(config=current.get, store=store, clock=clock, fence=fence.check,
+                            health=health, accounting=lambda: tracker.accounting,
+                            running=lambda: bool(scheduler.running) and not lifetime.stopping())
+    router = ControlRouter(config=current.get, store=store, slurm=slurm, actions=actions, drift=drift,
+                           fence=fence, lock=lock, clock=clock, role=lifetime.role,
+                           ping=lifetime.ping, active_holder=lifetime.active_holder, wake=wake)
+    server_group: list[Callable[[str], None]] = []
+
+    def apply(old: Config, change: ConfigChange) -> None:
+        new = change.config
+        with lock:
+            current.config = new
+            if recoverer is not None and "recovery" in change.applied:
+                recoverer.reconfigure(new.recovery)
+        if "log_level" in change.applied or "log_format" in change.applied:
+            configure_logging(new.log_format, new.log_level)
+        if "poll_interval_s" in change.applied:
+            scheduler.reschedule_job("poll", trigger="interval", seconds=new.poll_interval_s)
+        if "admin_group" in change.applied:
+            for set_group in server_group:
+                set_group(new.admin_group)
+        operations.reconfigure(old, new)
+
+    def on_start() -> None:
+        if recovery_on and config.recovery.node_trigger:
+            arm_node_trigger(slurm, trigger_program(config), config.socket)
+        _check_checkpoint_dirs(store, config)
+
+    parts = DaemonParts(
+        config=config, store=store, slurm=slurm, lifetime=lifetime, lock=lock, clock=clock,
+        scheduler=scheduler, cycles=cycles,
+        checkpoint_pass=CheckpointPass(
+            store, store.checkpoints, slurm, clock, allow_signals=config.checkpoints.allow_signals,
+            signal_grace_s=config.checkpoints.signal_grace_s,
+            manifests_per_pass=config.checkpoints.manifests_per_pass),
+        checkpoint_upkeep=CheckpointUpkeep(
+            store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
+            stopping=lifetime.stopping, fence=fence.check),
+        drift=drift, operations=operations, router=router,
+        reloader=ConfigReloader(config.path, current.get, apply, store, clock),
+        on_start=on_start)
+    daemon = Daemon(parts)
+    server_group.append(daemon.set_admin_group)
+    return daemon
+
+
+def _drifted_nodes(drift: DriftWatch | None, store: Store, slurm: SlurmClient) -> set[str]:
+    """Nodes with open drift findings (drain policy): no attempt may land there.
+
+    Only Slurm's own nodes: a finding for a host that is not one (a typo in
+    [drift.nodes], a retired node) is reported, never put in an exclude list,
+    where sbatch would refuse the whole job ("Invalid node name")."""
+    if drift is None:
+        return set()
+    drifted = store.drift.open_drift_nodes()
+    if not drifted:
+        return set()
+    known = {n.name for n in store.list_nodes()}
+    if not known:
+        try:
+            known = {n.name for n in slurm.nodes()}
+        except SlurmError:
+            known = set()
+    outside = drifted - known
+    if outside:
+        log.warning("drift.not_a_slurm_node", nodes=sorted(outside),
+                    action="reported, not excluded (sbatch would refuse the job)")
+    return drifted & known
+
+
+def _check_checkpoint_dirs(store: Store, config: Config) -> None:
+    """At start: one line per active run whose checkpoint folder this daemon cannot
+    write (a folder left out of the unit's ReadWritePaths, a read-only mount)."""
+    try:
+        runs = [r for r in store.list_runs() if not r.state.is_terminal]
+    except StoreError as exc:
+        log.warning("checkpoint.access_unchecked", error=str(exc))
+        return
+    for run in runs:
+        try:
+            spec = spec_of(run)
+        except B300Error:
+            continue
+        if spec.checkpoint.dir and (why := checkpoint_dir_problem(spec.checkpoint.dir,
+                                                                  config.checkpoints.roots)):
+            log.error("checkpoint.not_writable", run=run.id, why=why)

@@ -1,0 +1,122 @@
+"""The poll cycle, in one direction: observe -> classify/decide -> act -> record.
+
+One :meth:`PollCycle.run_once`:
+
+1. **act on intents left over**: attempts recorded SUBMITTING whose ``sbatch`` a
+   crash or an outage interrupted are resolved by their tag (adopted, or submitted
+   once the grace for a late sbatch is over);
+2. **observe** the cluster once (:class:`~b300.cycle.view.ClusterObserver`: one
+   sinfo, one squeue, sacct only for ended jobs) into a :class:`ClusterView`;
+3. **track** (:class:`~b300.cycle.track.AttemptTracker`): what the view means for
+   each tracked attempt (pure, :func:`~b300.cycle.observe.observe_attempt`), written
+   in one transaction; the recorded changes come back;
+4. **act on the changes**: a job Slurm requeued itself is kept off the nodes that
+   failed it (:meth:`Recoverer.on_requeued`); running attempts whose training
+   stopped advancing are cancelled (:class:`~b300.recovery.hangs.HangWatch`); runs
+   whose attempt ended without completing are classified (pure,
+   :func:`~b300.recovery.classify.classify_end`) and acted on: drains and a
+   resubmission from the newest verified checkpoint (:class:`Recoverer`).
+
+Every step reads the same view; none asks Slurm for the cluster again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import structlog
+
+from ..errors import SlurmError
+from ..interfaces import SlurmClient, Store
+from ..model import AttemptState
+from ..recovery.hangs import HangWatch
+from ..recovery.recoverer import Recoverer
+from ..run_actions import RunActions
+from .track import AttemptTracker
+from .view import ClusterObserver
+
+log = structlog.get_logger(__name__)
+Clock = Callable[[], datetime]
+
+
+@dataclass(slots=True)
+class CycleReport:
+    """What one poll cycle did; the benchmarks and ``b300d --once`` print it."""
+
+    tracked: int = 0
+    changed: int = 0
+    slurm_calls: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class PollCycle:
+    """The pipeline's parts, run in order. Not thread-safe: the daemon runs it under
+    its action lock."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        slurm: SlurmClient,
+        actions: RunActions,
+        observer: ClusterObserver,
+        tracker: AttemptTracker,
+        clock: Clock,
+        recoverer: Recoverer | None = None,
+        hangs: HangWatch | None = None,
+    ) -> None:
+        self._store = store
+        self._slurm = slurm
+        self._actions = actions
+        self._observer = observer
+        self.tracker = tracker
+        self._clock = clock
+        self._recoverer = recoverer
+        self._hangs = hangs
+
+    def run_once(self) -> CycleReport:
+        """One cycle. Raises SlurmError if the controller could not be asked at all."""
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        calls0 = _calls(self._slurm)
+        report = CycleReport()
+        for attempt in self._store.active_attempts():
+            if attempt.state is AttemptState.SUBMITTING:
+                with structlog.contextvars.bound_contextvars(run=attempt.run_id, attempt=attempt.number):
+                    try:
+                        self._actions.resolve_intent(attempt)
+                    except SlurmError as exc:
+                        report.errors.append(f"resolve {attempt.tag}: {exc}")
+        tracked = [a for a in self._store.active_attempts() if a.slurm_job_id is not None]
+        report.tracked = len(tracked)
+        view = self._observer.gather([a.slurm_job_id for a in tracked if a.slurm_job_id is not None],
+                                     self._clock())
+        report.errors += view.errors
+        changes = self.tracker.apply(tracked, view)
+        report.changed += len(changes)
+        try:
+            if self._recoverer is not None:
+                for c in changes:
+                    if c.requeued:
+                        with structlog.contextvars.bound_contextvars(run=c.after.run_id,
+                                                                     job_id=c.after.slurm_job_id):
+                            self._recoverer.on_requeued(c.before, c.after, view)
+            if self._hangs is not None:
+                self._hangs.check(self._store.active_attempts())
+            if self._recoverer is not None:
+                report.changed += self._recoverer.recover_all(view)
+        except SlurmError as exc:
+            report.errors.append(f"recovery: {exc}")
+        report.slurm_calls = _calls(self._slurm) - calls0
+        report.cpu_s = time.process_time() - cpu0
+        report.wall_s = time.monotonic() - wall0
+        return report
+
+
+def _calls(slurm: SlurmClient) -> int:
+    """Slurm tool runs so far, where the client counts them (the cli backend does)."""
+    return sum(getattr(slurm, "calls", {}).values())

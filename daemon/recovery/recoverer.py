@@ -1,0 +1,299 @@
+"""Recovery: drain the nodes behind a failure and resubmit from a good checkpoint.
+
+Runs as a step of the poll cycle (:mod:`b300.cycle.pipeline`), under the daemon's
+action lock, on the cycle's :class:`~b300.cycle.view.ClusterView` (the nodes as
+Slurm showed them this cycle; nothing is re-read per run). Each step is
+idempotent or recorded before it acts, so a crash anywhere in it is finished on
+the next cycle after a restart:
+
+- the classification, the node strikes and the drains of an attempt are
+  recorded once (the attempt's ``outcome`` marks it classified);
+- draining a node already drained is skipped;
+- the resubmission is an intent (:class:`b300.run_actions.RunActions`), so it
+  reaches Slurm at most once.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+
+import structlog
+
+from ..checkpoints.resume_point import newest_verified
+from ..config import RecoveryConfig
+from ..cycle.view import ClusterView
+from ..errors import SlurmError
+from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
+from ..faults import crashpoint
+from ..interfaces import NewEvent, SlurmClient, Store
+from ..model import Attempt, NodeRecord, Run, RunState
+from ..run_actions import RunActions
+from ..slurm.script import expand_output_pattern, output_pattern
+from ..spec import JobSpec, spec_of
+from .classify import (
+    BlackHolePolicy,
+    NodeStrikes,
+    Outcome,
+    SignalSent,
+    Verdict,
+    black_holes,
+    classify_end,
+    last_returns,
+    node_is_bad,
+    retries_used,
+)
+from .exclusions import Exclusion
+
+log = structlog.get_logger(__name__)
+Clock = Callable[[], datetime]
+_LOG_TAIL_BYTES = 256 * 1024
+_FINAL = {Outcome.COMPLETED: RunState.COMPLETED, Outcome.CANCELLED: RunState.CANCELLED}
+
+
+class Recoverer:
+    """Decides and acts on runs whose last attempt ended without completing."""
+
+    def __init__(
+        self,
+        store: Store,
+        slurm: SlurmClient,
+        actions: RunActions,
+        clock: Clock,
+        config: RecoveryConfig,
+        *,
+        job_log_dir: str | None = None,
+    ) -> None:
+        self._store = store
+        self._slurm = slurm
+        self._actions = actions
+        self._clock = clock
+        self._config = config
+        self._log_dir = job_log_dir
+        self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
+        self._waiting: set[int] = set()
+
+    def reconfigure(self, config: RecoveryConfig) -> None:
+        """Take new thresholds (SIGHUP)."""
+        self._config = config
+        self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
+
+    # -- ended attempts ---------------------------------------------------
+
+    def recover_all(self, view: ClusterView) -> int:
+        """Handle every run in RECOVERING; returns how many were decided."""
+        decided = 0
+        for run in self._store.list_runs([RunState.RECOVERING]):
+            with structlog.contextvars.bound_contextvars(run=run.id):
+                try:
+                    if self.recover(run, view.nodes):
+                        decided += 1
+                except SlurmError as exc:
+                    log.warning("recovery.deferred", error=str(exc))
+        return decided
+
+    def recover(self, run: Run, nodes_now: Mapping[str, NodeRecord]) -> bool:
+        """Decide about one RECOVERING run. False when it must wait for more evidence."""
+        attempts = self._store.attempts(run.id)
+        if not attempts or not attempts[-1].state.is_terminal:
+            return False
+        last = attempts[-1]
+        spec = spec_of(run)
+        now = self._clock()
+        with structlog.contextvars.bound_contextvars(attempt=last.number, job_id=last.slurm_job_id):
+            verdict = self._verdict(run, last, spec, nodes_now, now)
+            if verdict.wait:
+                if last.id not in self._waiting:
+                    self._waiting.add(last.id)
+                    self._store.append_events([NewEvent(
+                        Kind.RECOVERY_WAITING, run_id=run.id, attempt_id=last.id,
+                        data={"why": verdict.reasons[-1], "log": list(verdict.log_lines)})], now)
+                return False
+            self._waiting.discard(last.id)
+            if not last.outcome:
+                last = self._record_verdict(run, last, verdict, now)
+                attempts[-1] = last
+                crashpoint("recovery_classified")
+            drained = self._drain(run, last, verdict.suspects, nodes_now, now)
+            outcome = Outcome(last.outcome)
+            if outcome is Outcome.INFRA:
+                # Only an infrastructure failure says anything about the nodes it ran on.
+                self._drain_black_holes(run, last, nodes_now, drained, now)
+            if not verdict.resubmit:
+                self._finish(run, _FINAL.get(outcome, RunState.FAILED),
+                             f"{outcome.value}: not resubmitted", now)
+                return True
+            infra, preempt = retries_used(attempts)
+            if outcome is Outcome.PREEMPTED and preempt > spec.retries.preemption:
+                self._finish(run, RunState.FAILED, f"preemption retry budget spent "
+                             f"({spec.retries.preemption})", now, alert=True)
+                return True
+            if outcome is not Outcome.PREEMPTED and infra > spec.retries.infra:
+                self._finish(run, RunState.FAILED, f"infrastructure retry budget spent "
+                             f"({spec.retries.infra})", now, alert=True)
+                return True
+            resume, checked = newest_verified(spec)
+            failed = [Exclusion(n, "failed", f"failed attempt {last.number} (job "
+                                f"{last.slurm_job_id}, {outcome.value})") for n in verdict.suspects]
+            self._store.append_events([NewEvent(
+                Kind.RECOVERY_RESUBMIT, run_id=run.id, attempt_id=last.id, actor="recovery",
+                data={"outcome": outcome.value, "resume_from": resume,
+                      "suspects": list(verdict.suspects), "checkpoints_checked": checked})], now)
+            self._actions.resubmit(run.id, actor="recovery", failed=failed, resume_from=resume,
+                                   from_scratch=resume is None, checked=checked)
+            return True
+
+    def black_hole_nodes(self) -> set[str]:
+        """Nodes inside the black-hole window now (counted since each one's last return)."""
+        return {h.node for h in self._black_holes(self._clock())}
+
+    def _black_holes(self, now: datetime) -> list[NodeStrikes]:
+        since = now - timedelta(seconds=self._blackhole.window_s)
+        strikes = self._store.events(kinds=list(STRIKES), since=since)
+        if not strikes:
+            return []
+        back = last_returns(self._store.events(kinds=list(STRIKE_RESETS), since=since))
+        return black_holes(strikes, self._blackhole, now, back)
+
+    def _verdict(self, run: Run, last: Attempt, spec: JobSpec,
+                 nodes_now: Mapping[str, NodeRecord], now: datetime) -> Verdict:
+        if last.outcome:
+            # Classified before a crash or an earlier wait: keep that decision.
+            ev = last.evidence
+            return Verdict(outcome=Outcome(last.outcome), resubmit=bool(ev.get("resubmit")),
+                           suspects=tuple(ev.get("suspects", ())),
+                           implicated=tuple(ev.get("implicated", ())),
+                           reasons=tuple(ev.get("reasons", ())), log_lines=tuple(ev.get("log", ())))
+        mine = [e for e in self._store.events(run_id=run.id, kinds=list(END_CAUSES))
+                if e.attempt_id == last.id]
+        kinds = {e.kind for e in mine}
+        signals = [e for e in mine if e.kind == Kind.CHECKPOINT_SIGNAL]
+        sent = (SignalSent(signals[-1].ts, str(signals[-1].data.get("signal", "?")),
+                           float(signals[-1].data.get("grace_s", 0)))
+                if signals else None)
+        return classify_end(
+            last, spec, dict(nodes_now), self._log_tail(last, spec),
+            cancel_requested=Kind.RUN_CANCEL in kinds, hang_detected=Kind.ATTEMPT_HANG in kinds,
+            now=now, settle_s=self._config.settle_s, signal_sent=sent,
+        )
+
+    def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:
+        strikes = [NewEvent(Kind.NODE_FAILED, run_id=run.id, attempt_id=last.id, node=n,
+                            data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
+                   for n in verdict.suspects]
+        strikes += [NewEvent(Kind.NODE_SUSPECT, run_id=run.id, attempt_id=last.id, node=n,
+                             data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
+                    for n in verdict.implicated]
+        log.info("recovery.classified", outcome=verdict.outcome.value, suspects=list(verdict.suspects))
+        return self._store.update_attempt(
+            last.id, now, outcome=verdict.outcome.value, evidence=verdict.evidence(),
+            events=[NewEvent(Kind.ATTEMPT_CLASSIFIED, run_id=run.id, attempt_id=last.id,
+                             data=verdict.evidence()), *strikes])
+
+    def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
+               nodes_now: Mapping[str, NodeRecord], now: datetime) -> set[str]:
+        """Drain the suspects of ``last`` once each (also across a crash); the drained set."""
+        done = {e.node for e in self._store.events(run_id=run.id, kinds=[Kind.NODE_DRAINED])
+                if e.attempt_id == last.id and e.node}
+        drained: set[str] = set()
+        for node in nodes:
+            rec = nodes_now.get(node)
+            if node in done or (rec is not None and "DRAIN" in rec.state.upper()
+                                and rec.reason.startswith("b300")):
+                drained.add(node)
+                continue
+            reason = (f"b300: run {run.id} job {last.slurm_job_id} {last.state.value}"
+                      f"{' exit ' + str(last.exit_code) if last.exit_code else ''}"
+                      f"{' (' + rec.state.lower() + ': ' + rec.reason + ')' if rec and rec.reason else ''}")
+            self._slurm.drain_node(node, reason)
+            self._store.append_events([NewEvent(
+                Kind.NODE_DRAINED, run_id=run.id, attempt_id=last.id, node=node,
+                data={"reason": reason})], now)
+            log.warning("node.drained", node=node, reason=reason)
+            drained.add(node)
+        return drained
+
+    def _drain_black_holes(self, run: Run, last: Attempt, nodes_now: Mapping[str, NodeRecord],
+                           drained: set[str], now: datetime) -> None:
+        """Drain the nodes of ``last`` that are black holes now; a node drained already
+        (by this failure or before) keeps its drain and its more specific reason."""
+        for hole in self._black_holes(now):
+            rec = nodes_now.get(hole.node)
+            if hole.node not in last.nodes or hole.node in drained or node_is_bad(rec):
+                continue
+            names = ", ".join(hole.runs[:3]) + (f" +{len(hole.runs) - 3} more"
+                                                if len(hole.runs) > 3 else "")
+            reason = (f"b300: black hole: failed {len(hole.runs)} runs in "
+                      f"{self._blackhole.window_s / 3600:g} h ({names})")
+            self._slurm.drain_node(hole.node, reason)
+            self._store.append_events([NewEvent(
+                Kind.NODE_DRAINED, run_id=run.id, attempt_id=last.id, node=hole.node,
+                data={"reason": reason, "black_hole": list(hole.runs)})], now)
+            log.warning("node.drained", node=hole.node, reason=reason)
+
+    def _finish(self, run: Run, state: RunState, why: str, now: datetime, *,
+                alert: bool = False) -> None:
+        kind = Kind.RECOVERY_BUDGET_SPENT if alert else Kind.RECOVERY_STOPPED
+        self._store.set_run_state(run.id, state, now, events=[
+            NewEvent(kind, run_id=run.id, data={"why": why})])
+        (log.error if alert else log.info)(kind.value, why=why)
+
+    def _log_tail(self, attempt: Attempt, spec: JobSpec) -> list[str]:
+        path = _job_log_path(attempt, spec, self._log_dir)
+        if path is None:
+            return []
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+                return f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return []
+
+    # -- Slurm's own requeue -----------------------------------------------
+
+    def on_requeued(self, before: Attempt, after: Attempt, view: ClusterView) -> None:
+        """Slurm requeued a running job itself (same job id, PENDING again).
+
+        No new submission: drain the nodes it ran on that Slurm now shows as
+        bad, and update the pending job's excluded nodes so it restarts away
+        from them (Slurm's own requeue does not exclude them).
+        """
+        now = self._clock()
+        nodes_now = view.nodes
+        bad = tuple(n for n in before.nodes if node_is_bad(nodes_now.get(n)))
+        run = self._store.get_run(before.run_id)
+        self._store.append_events([NewEvent(
+            Kind.ATTEMPT_REQUEUED, run_id=run.id, attempt_id=before.id,
+            data={"job_id": before.slurm_job_id, "nodes": list(before.nodes),
+                  "suspects": list(bad)})], now)
+        self._store.append_events([NewEvent(Kind.NODE_FAILED, run_id=run.id, attempt_id=before.id,
+                                            node=n, data={"job_id": before.slurm_job_id,
+                                                          "outcome": "REQUEUED"}) for n in bad],
+                                  now)
+        self._drain(run, before, bad, nodes_now, now)
+        if after.slurm_job_id is None:
+            return
+        spec = spec_of(run)
+        failed = [Exclusion(n, "failed", f"failed attempt {before.number} (job "
+                            f"{before.slurm_job_id}, requeued by Slurm)") for n in bad]
+        plan = self._actions.plan_exclusions(spec, [*failed, *self._actions.attempt_exclusions(before)],
+                                             fresh=bad)
+        if plan.nodes != sorted(after.excluded_nodes):
+            self._slurm.exclude_nodes(after.slurm_job_id, plan.nodes)
+            self._store.update_attempt(after.id, now, excluded_nodes=plan.nodes, events=[
+                NewEvent(Kind.ATTEMPT_EXCLUDED, run_id=run.id, attempt_id=after.id,
+                         data={"exclude": plan.nodes,
+                               "exclusions": [e.to_dict() for e in plan.kept]})])
+
+
+def _job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str | None:
+    pattern = output_pattern(spec, log_dir)
+    if attempt.slurm_job_id is None or pattern is None:
+        return None
+    # The daemon submits as itself; the batch script runs on the allocation's first node.
+    return expand_output_pattern(pattern, job_id=attempt.slurm_job_id, job_name=attempt.tag,
+                                 user=pwd.getpwuid(os.geteuid()).pw_name,
+                                 batch_host=attempt.nodes[0] if attempt.nodes else "")
