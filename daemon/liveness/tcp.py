@@ -1,0 +1,158 @@
+"""The primary check: a TCP connect to each node's slurmd, all nodes in one batch, one thread.
+
+Non-blocking ``connect()`` on every target (at most ``max_in_flight`` at once),
+one ``selectors`` loop waiting for them, each socket closed as soon as the
+handshake is done or refused. No shell, no DNS (targets are IP literals), no
+thread per node. What the outcomes mean, and what a TCP connect cannot see (a
+frozen slurmd: the kernel still completes the handshake on its listen
+backlog), is measured in the README ("Liveness checks").
+
+Guarantees: :meth:`TcpProber.check` returns one result per target, never
+raises for a node's trouble, and returns within ``budget_s`` (plus one
+``select`` tick). A round whose loop was itself held up (the daemon starved of
+CPU, stopped) longer than half the timeout reports its timeouts as
+``NOT_CHECKED``: the silence was ours, not the node's.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .records import CheckOutcome, CheckResult, Target
+
+_REFUSED = {errno.ECONNREFUSED, errno.ECONNRESET}
+_UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
+# Our own shortage, not the node's: no evidence either way.
+_OURS = {errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS, errno.ENOMEM}
+
+
+@dataclass(slots=True)
+class _Pending:
+    target: Target
+    sock: socket.socket
+    started: float
+
+
+class TcpProber:
+    """Checks a batch of targets by TCP connect; see the module docstring for the contract."""
+
+    def __init__(self, *, timeout_s: float, max_in_flight: int = 512,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if timeout_s <= 0 or max_in_flight < 1:
+            raise ValueError("timeout_s must be > 0 and max_in_flight >= 1")
+        self._timeout = timeout_s
+        self._max = max_in_flight
+        self._clock = clock
+
+    def check(self, targets: Sequence[Target], budget_s: float) -> list[CheckResult]:
+        """One result per target, in the targets' order, within ``budget_s`` seconds."""
+        start = self._clock()
+        deadline = start + budget_s
+        queue = deque(targets)
+        results: dict[int, CheckResult] = {}
+        index = {id(t): i for i, t in enumerate(targets)}
+        pending: dict[int, _Pending] = {}
+        by_start: deque[tuple[float, int, _Pending]] = deque()  # started in order: oldest first
+        worst_gap = 0.0
+        last = start
+        with selectors.DefaultSelector() as sel:
+            try:
+                while queue or pending:
+                    now = self._clock()
+                    worst_gap = max(worst_gap, now - last)
+                    last = now
+                    while queue and len(pending) < self._max and now + self._timeout <= deadline:
+                        t = queue.popleft()
+                        done = self._start(t, sel, pending, by_start, now)
+                        if done is not None:
+                            results[index[id(t)]] = done
+                    while by_start and (by_start[0][1] not in pending or pending[by_start[0][1]]
+                                        is not by_start[0][2]):
+                        by_start.popleft()  # finished already (its fd may be reused by now)
+                    while by_start and now - by_start[0][0] >= self._timeout:
+                        _, fd, p = by_start.popleft()
+                        if pending.get(fd) is not p:
+                            continue
+                        del pending[fd]
+                        sel.unregister(p.sock)
+                        p.sock.close()
+                        results[index[id(p.target)]] = CheckResult(
+                            p.target.node, CheckOutcome.TIMEOUT, now - p.started, "no answer")
+                    if not pending:
+                        if queue and now + self._timeout > deadline:
+                            break  # no room left in this round for another full check
+                        continue
+                    wait = by_start[0][0] + self._timeout - now if by_start else 0.0
+                    for key, _ in sel.select(max(0.0, min(wait, 0.05))):
+                        p = pending.pop(key.fd)
+                        sel.unregister(p.sock)
+                        results[index[id(p.target)]] = _finish(p, self._clock())
+            finally:
+                for p in pending.values():
+                    p.sock.close()
+        stalled = worst_gap > self._timeout / 2
+        out = []
+        for i, t in enumerate(targets):
+            r = results.get(i) or CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0,
+                                              "no room in this round's budget")
+            if stalled and r.outcome is CheckOutcome.TIMEOUT:
+                r = CheckResult(t.node, CheckOutcome.NOT_CHECKED, r.latency_s,
+                                f"prober held up {worst_gap:.2f} s: timeout not counted")
+            out.append(r)
+        return out
+
+    def _start(self, t: Target, sel: selectors.BaseSelector, pending: dict[int, _Pending],
+               by_start: deque[tuple[float, int, _Pending]], now: float) -> CheckResult | None:
+        family = socket.AF_INET6 if ":" in t.host else socket.AF_INET
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            return CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, f"socket: {_errname(exc.errno)}")
+        sock.setblocking(False)
+        rc = sock.connect_ex((t.host, t.port))
+        if rc in (errno.EINPROGRESS, errno.EAGAIN):
+            p = pending[sock.fileno()] = _Pending(t, sock, now)
+            by_start.append((now, sock.fileno(), p))
+            sel.register(sock, selectors.EVENT_WRITE)
+            return None
+        sock.close()
+        return _outcome(t, rc, self._clock() - now)
+
+
+def _finish(p: _Pending, now: float) -> CheckResult:
+    try:
+        rc = p.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError as exc:
+        rc = exc.errno or errno.EIO
+    finally:
+        # A plain close (FIN): slurmd logs one line per check either way, a reset two.
+        p.sock.close()
+    return _outcome(p.target, rc, now - p.started)
+
+
+def _outcome(t: Target, rc: int, latency: float) -> CheckResult:
+    if rc == 0:
+        return CheckResult(t.node, CheckOutcome.OK, latency)
+    name = _errname(rc)
+    if rc in _REFUSED:
+        return CheckResult(t.node, CheckOutcome.REFUSED, latency, name)
+    if rc in _UNREACHABLE:
+        return CheckResult(t.node, CheckOutcome.UNREACHABLE, latency, name)
+    if rc == errno.ETIMEDOUT:
+        return CheckResult(t.node, CheckOutcome.TIMEOUT, latency, name)
+    if rc in _OURS:
+        return CheckResult(t.node, CheckOutcome.NOT_CHECKED, latency, name)
+    return CheckResult(t.node, CheckOutcome.ERROR, latency, name)
+
+
+def _errname(rc: int | None) -> str:
+    if rc is None:
+        return "unknown error"
+    return f"{errno.errorcode.get(rc, str(rc))} ({os.strerror(rc)})"
