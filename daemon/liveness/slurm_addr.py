@@ -1,10 +1,11 @@
 """Where each node's slurmd listens, from ``scontrol show node`` (pure parsing) to check targets.
 
 ``scontrol show node [-o] NODES`` prints ``NodeAddr=`` (an IP or a host name; the
-node name when slurm.conf sets none) and, where the node's port differs from the
-cluster's ``SlurmdPort``, ``Port=``. Both come before the free-text fields
-(``Reason=``, ``Comment=``), so the first occurrence in a record is Slurm's own; a
-reason that spells ``Port=1`` cannot move a check.
+node name when slurm.conf sets none) and ``Port=`` beside it (our fixtures of
+22.05, 24.11 and 26.05 all show it; when absent, the cluster's ``SlurmdPort``).
+Both come before the free-text fields (``Reason=``, ``Comment=``, ``Extra=``), and
+nothing after those is read, so a reason that spells ``NodeAddr=`` or ``Port=``
+cannot move a check.
 
 Proposed SlurmClient method (phase 2; not added yet): ``node_addresses(nodes) ->
 dict[str, NodeAddress]``, one ``scontrol show node -o <hostlist>`` per change of
@@ -21,9 +22,12 @@ from dataclasses import dataclass
 
 from .records import Target, check_node
 
-_RECORD = re.compile(r"(?:^|\s)NodeName=(\S+)")
+# A record starts a line (multi-line and -o output alike); a reason cannot start one.
+_RECORD = re.compile(r"^NodeName=(\S+)", re.MULTILINE)
+# Free-text fields: Slurm prints them after NodeAddr/Port; nothing after them is read.
+_FREE_TEXT = re.compile(r"(?:^|\s)(?:Reason|Comment|Extra)=")
 _ADDR = re.compile(r"(?:^|\s)NodeAddr=(\S+)")
-_PORT = re.compile(r"(?:^|\s)Port=(\d{1,5})(?=\s|$)")
+_PORT = re.compile(r"Port=(\d{1,5})")
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
 DEFAULT_SLURMD_PORT = 6818  # slurm.conf's SlurmdPort when it sets none
 
@@ -47,6 +51,8 @@ def parse_node_addresses(text: str) -> dict[str, NodeAddress]:
     starts = [m for m in _RECORD.finditer(text)]
     for i, m in enumerate(starts):
         body = text[m.end(): starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        free = _FREE_TEXT.search(body)
+        body = body[: free.start()] if free else body
         node = m.group(1)
         addr = _ADDR.search(body)
         if addr is None:
@@ -58,7 +64,9 @@ def parse_node_addresses(text: str) -> dict[str, NodeAddress]:
         host = addr.group(1)
         if not (_is_ip(host) or _HOST.fullmatch(host)):
             continue
-        port = _PORT.search(body)
+        # Port, when printed, is among the next few fields: "NodeHostName=h Port=6818 Version=...".
+        port = next((p for p in (_PORT.fullmatch(tok) for tok in body[addr.end():].split(None, 3)[:3])
+                     if p), None)
         number = int(port.group(1)) if port else None
         out[node] = NodeAddress(node, host, number if number and number < 65536 else None)
     return out
