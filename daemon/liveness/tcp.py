@@ -9,9 +9,11 @@ backlog), is measured in the README ("Liveness checks").
 
 Guarantees: :meth:`TcpProber.check` returns one result per target, never
 raises for a node's trouble, and returns within ``budget_s`` (plus one
-``select`` tick). A round whose loop was itself held up (the daemon starved of
-CPU, stopped) longer than half the timeout reports its timeouts as
-``NOT_CHECKED``: the silence was ours, not the node's.
+``select`` tick). Every check starts as soon as a slot is free; one the round's
+end cuts before its own timeout, or that never started, is ``NOT_CHECKED`` (a
+silence shorter than the timeout is no miss). A round whose loop woke up later
+than it asked by more than half the timeout (the daemon starved of CPU,
+stopped) reports its timeouts as ``NOT_CHECKED`` too: the silence was ours.
 """
 
 from __future__ import annotations
@@ -60,21 +62,24 @@ class TcpProber:
         index = {id(t): i for i, t in enumerate(targets)}
         pending: dict[int, _Pending] = {}
         by_start: deque[tuple[float, int, _Pending]] = deque()  # started in order: oldest first
-        worst_gap = 0.0
-        last = start
+        late = 0.0  # how much later than asked the loop woke up, at worst (its own stall)
         with selectors.DefaultSelector() as sel:
             try:
                 while queue or pending:
                     now = self._clock()
-                    worst_gap = max(worst_gap, now - last)
-                    last = now
-                    while queue and len(pending) < self._max and now + self._timeout <= deadline:
+                    if now >= deadline:
+                        for key, _ in sel.select(0):  # what answered in time still counts
+                            p = pending.pop(key.fd)
+                            sel.unregister(p.sock)
+                            results[index[id(p.target)]] = _finish(p, now)
+                        break
+                    while queue and len(pending) < self._max and now < deadline:
                         t = queue.popleft()
                         done = self._start(t, sel, pending, by_start, now)
                         if done is not None:
                             results[index[id(t)]] = done
-                    while by_start and (by_start[0][1] not in pending or pending[by_start[0][1]]
-                                        is not by_start[0][2]):
+                        now = self._clock()
+                    while by_start and pending.get(by_start[0][1]) is not by_start[0][2]:
                         by_start.popleft()  # finished already (its fd may be reused by now)
                     while by_start and now - by_start[0][0] >= self._timeout:
                         _, fd, p = by_start.popleft()
@@ -86,25 +91,32 @@ class TcpProber:
                         results[index[id(p.target)]] = CheckResult(
                             p.target.node, CheckOutcome.TIMEOUT, now - p.started, "no answer")
                     if not pending:
-                        if queue and now + self._timeout > deadline:
-                            break  # no room left in this round for another full check
                         continue
-                    wait = by_start[0][0] + self._timeout - now if by_start else 0.0
-                    for key, _ in sel.select(max(0.0, min(wait, 0.05))):
+                    wait = max(0.0, min(by_start[0][0] + self._timeout, deadline) - now, 0.0)
+                    wait = min(wait, 0.05)
+                    ready = sel.select(wait)
+                    woke = self._clock()
+                    late = max(late, woke - now - wait)
+                    for key, _ in ready:
                         p = pending.pop(key.fd)
                         sel.unregister(p.sock)
-                        results[index[id(p.target)]] = _finish(p, self._clock())
+                        results[index[id(p.target)]] = _finish(p, woke)
             finally:
+                end = self._clock()
                 for p in pending.values():
                     p.sock.close()
-        stalled = worst_gap > self._timeout / 2
+                    # Cut by the round's end before its own timeout: a silence too short to count.
+                    results[index[id(p.target)]] = CheckResult(
+                        p.target.node, CheckOutcome.NOT_CHECKED, end - p.started,
+                        "the round ended before its timeout")
+        stalled = late > self._timeout / 2
         out = []
         for i, t in enumerate(targets):
             r = results.get(i) or CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0,
-                                              "no room in this round's budget")
+                                              "not started within this round's budget")
             if stalled and r.outcome is CheckOutcome.TIMEOUT:
                 r = CheckResult(t.node, CheckOutcome.NOT_CHECKED, r.latency_s,
-                                f"prober held up {worst_gap:.2f} s: timeout not counted")
+                                f"prober held up {late:.2f} s: timeout not counted")
             out.append(r)
         return out
 

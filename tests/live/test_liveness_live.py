@@ -31,8 +31,8 @@ from b300.liveness.tcp import TcpProber
 from helpers import CLUSTER, slurm_cmd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "drift"))
-import drift_nodes as dn  # noqa: E402
-from drift_nodes import Sim  # noqa: E402
+import drift_nodes as dn
+from drift_nodes import Sim
 
 pytestmark = pytest.mark.slurm
 CFG = LivenessConfig()

@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "drift"))
 
-import drift_nodes as dn  # noqa: E402
-from drift_nodes import Sim  # noqa: E402
+import drift_nodes as dn
+from drift_nodes import Sim
 
 # Beside the drift suite's ports (B300_SSHD_PORT_BASE + 0..5): + 40 onwards.
 BASE_PORT = int(os.environ.get("B300_SSHD_PORT_BASE", "22201")) + 40
