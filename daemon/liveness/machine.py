@@ -197,3 +197,15 @@ def _remember(s: NodeLiveness, now: datetime, text: str) -> NodeLiveness:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds >= 0.001 else f"{seconds * 1e6:.0f} us"
+
+
+def undecided(states: Mapping[str, NodeLiveness], nodes: Sequence[str]) -> tuple[str, ...]:
+    """The ``nodes`` that are missing checks or suspect right now: not known alive, not yet
+    confirmed dead. Recovery of an attempt that failed with peer/NCCL evidence waits while
+    this is not empty (bounded by its settle time) instead of waiting blind for Slurm."""
+    return tuple(n for n in nodes if n in states and states[n].health in (Health.MISSING, Health.SUSPECT))
+
+
+def confirmed_dead(states: Mapping[str, NodeLiveness], nodes: Sequence[str]) -> tuple[str, ...]:
+    """The ``nodes`` confirmed dead (the suspects to drain and exclude)."""
+    return tuple(n for n in nodes if n in states and states[n].health is Health.DEAD)

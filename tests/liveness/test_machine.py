@@ -214,3 +214,14 @@ def test_a_dead_node_is_found_within_n_plus_window_rounds(n: int, w: int) -> Non
     # Suspect at the n-th miss (round n-1); the failed confirmation comes back at once;
     # dead once w more rounds missed (at once when the window is 0).
     assert dead_at == [n - 1 + w]
+
+
+def test_undecided_and_confirmed_dead_for_recovery() -> None:
+    from b300.liveness.machine import confirmed_dead, undecided
+    s = _round(None, 0, a=REFUSED, b=OK, c=REFUSED)
+    s = _round(dict(s.states), 1, a=REFUSED, b=OK, c=OK)
+    s = _round(dict(s.states), 2, a=REFUSED, b=OK)
+    assert undecided(s.states, ["a", "b", "c"]) == ("a",)  # c is no target any more
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.FAILED)
+    s = _round(dict(c.states), 3, a=REFUSED, b=OK)
+    assert confirmed_dead(s.states, ["a", "b"]) == ("a",) and undecided(s.states, ["a", "b"]) == ()
