@@ -225,3 +225,11 @@ def test_undecided_and_confirmed_dead_for_recovery() -> None:
     c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.FAILED)
     s = _round(dict(c.states), 3, a=REFUSED, b=OK)
     assert confirmed_dead(s.states, ["a", "b"]) == ("a",) and undecided(s.states, ["a", "b"]) == ()
+
+
+def test_something_answering_but_refusing_us_is_alive() -> None:
+    s = _round(None, 0, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 1, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 2, a=REFUSED, b=OK)
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.ANSWERED_REFUSED)
+    assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
