@@ -15,6 +15,11 @@ the event) of the first time each check changed its answer:
 - ``silent``: a port whose accept queue is full (a listener that never accepts): the
   kernel drops every new SYN, as a powered-off host or a cut network answers nothing.
   Checked by TCP connect and by an SSH connect (paramiko) to it.
+- ``netns``: in a network namespace of its own (``ip netns``, deleted after), a listener
+  on the namespace's loopback behind nftables rules: none, ``drop`` (a firewall or a dead
+  host: silence), ``reject with tcp reset``, ``reject with icmp host-unreachable`` (a
+  router's word for a host that does not answer ARP), and the namespace's loopback
+  link down. Shows the prober's outcome for each, and the SSH connect's.
 """
 
 from __future__ import annotations
@@ -227,12 +232,70 @@ def silent_scenario() -> None:
     listener.close()
 
 
+_NETNS_INNER = r"""
+import socket, subprocess, sys, threading, time
+import paramiko
+from b300.liveness.records import Target
+from b300.liveness.tcp import TcpProber
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(4096); port = srv.getsockname()[1]
+def serve():
+    while True:
+        try:
+            c, _ = srv.accept(); c.close()
+        except OSError:
+            return
+threading.Thread(target=serve, daemon=True).start()
+def nft(*args):
+    subprocess.run(["nft", *args], check=True)
+nft("add", "table", "inet", "b300"); nft("add", "chain", "inet", "b300", "in",
+    "{ type filter hook input priority 0 ; }")
+prober = TcpProber(timeout_s=0.8)
+cases = [("no rule", None), ("drop", "drop"), ("reject with tcp reset", "reject with tcp reset"),
+         ("reject with icmp host-unreachable", "reject with icmp type host-unreachable"),
+         ("loopback link down", "LINKDOWN")]
+for label, verdict in cases:
+    if verdict == "LINKDOWN":
+        subprocess.run(["ip", "link", "set", "lo", "down"], check=True)
+    elif verdict:
+        nft("add", "rule", "inet", "b300", "in", "tcp", "dport", str(port), *verdict.split())
+    outs = [prober.check([Target("n", "127.0.0.1", port)], 1.0)[0] for _ in range(3)]
+    t = time.monotonic()
+    try:
+        c = paramiko.SSHClient(); c.set_missing_host_key_policy(paramiko.RejectPolicy())
+        c.connect("127.0.0.1", port=port, username="x", timeout=1.5, banner_timeout=1.5,
+                  auth_timeout=1.5, allow_agent=False, look_for_keys=False)
+        ssh = "connected"
+    except paramiko.SSHException as exc:
+        ssh = f"answered, not an sshd ({exc})"[:60]
+    except Exception as exc:
+        ssh = f"{type(exc).__name__} after {time.monotonic() - t:.2f} s"
+    print(f"  {label:<36} tcp: " + ", ".join(f"{o.outcome.value} {o.latency_s * 1000:.1f} ms"
+          + (f" ({o.detail.split(' ')[0] if o.detail.startswith('E') else o.detail})" if o.detail else "") for o in outs) + f"; ssh: {ssh}", flush=True)
+    nft("flush", "chain", "inet", "b300", "in")
+"""
+
+
+def netns_scenario() -> None:
+    name = "b300liveness"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    try:
+        print(f"\n== netns: a listener on a namespace's loopback behind nftables rules "
+              "(3 checks each; ssh: paramiko connect to the same port)")
+        proc = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", _NETNS_INNER],
+                              capture_output=True, text=True, timeout=120)
+        print(proc.stdout.rstrip() or proc.stderr[-2000:])
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--node", default="gpu04")
     ap.add_argument("--stop-s", type=float, default=40.0)
     ap.add_argument("--watch-s", type=float, default=45.0)
-    ap.add_argument("--only", choices=["stop", "kill", "silent"])
+    ap.add_argument("--only", choices=["stop", "kill", "silent", "netns"])
     args = ap.parse_args()
     if not re.fullmatch(r"gpu\d{2}", args.node):
         raise SystemExit(f"bad node {args.node!r}")
@@ -241,6 +304,10 @@ def main() -> int:
                             timeout=30).stdout.splitlines()
     print("; ".join(" ".join(line.split()) for line in config
                     if line.startswith(("SlurmdTimeout", "MessageTimeout", "SLURM_VERSION"))))
+    if args.only in (None, "netns"):
+        netns_scenario()
+    if args.only == "netns":
+        return 0
     port = _slurmd_port(args.node)
     if args.only in (None, "silent"):
         silent_scenario()
