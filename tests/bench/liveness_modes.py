@@ -270,8 +270,10 @@ for label, verdict in cases:
         ssh = f"answered, not an sshd ({exc})"[:60]
     except Exception as exc:
         ssh = f"{type(exc).__name__} after {time.monotonic() - t:.2f} s"
-    print(f"  {label:<36} tcp: " + ", ".join(f"{o.outcome.value} {o.latency_s * 1000:.1f} ms"
-          + (f" ({o.detail.split(' ')[0] if o.detail.startswith('E') else o.detail})" if o.detail else "") for o in outs) + f"; ssh: {ssh}", flush=True)
+    def show(o):
+        why = o.detail.split(" ")[0] if o.detail.startswith("E") else o.detail
+        return f"{o.outcome.value} {o.latency_s * 1000:.1f} ms" + (f" ({why})" if why else "")
+    print(f"  {label:<36} tcp: " + ", ".join(show(o) for o in outs) + f"; ssh: {ssh}", flush=True)
     nft("flush", "chain", "inet", "b300", "in")
 """
 
@@ -281,7 +283,7 @@ def netns_scenario() -> None:
     subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
     subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
     try:
-        print(f"\n== netns: a listener on a namespace's loopback behind nftables rules "
+        print("\n== netns: a listener on a namespace's loopback behind nftables rules "
               "(3 checks each; ssh: paramiko connect to the same port)")
         proc = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", _NETNS_INNER],
                               capture_output=True, text=True, timeout=120)
