@@ -37,6 +37,7 @@ _OURS = {errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS, errno.E
 
 @dataclass(slots=True)
 class _Pending:
+    position: int  # in the caller's list (the same target may be listed twice)
     target: Target
     sock: socket.socket
     started: float
@@ -57,9 +58,8 @@ class TcpProber:
         """One result per target, in the targets' order, within ``budget_s`` seconds."""
         start = self._clock()
         deadline = start + budget_s
-        queue = deque(targets)
+        queue = deque(enumerate(targets))
         results: dict[int, CheckResult] = {}
-        index = {id(t): i for i, t in enumerate(targets)}
         pending: dict[int, _Pending] = {}
         by_start: deque[tuple[float, int, _Pending]] = deque()  # started in order: oldest first
         late = 0.0  # how much later than asked the loop woke up, at worst (its own stall)
@@ -71,13 +71,13 @@ class TcpProber:
                         for key, _ in sel.select(0):  # what answered in time still counts
                             p = pending.pop(key.fd)
                             sel.unregister(p.sock)
-                            results[index[id(p.target)]] = _finish(p, now)
+                            results[p.position] = _finish(p, now)
                         break
                     while queue and len(pending) < self._max and now < deadline:
-                        t = queue.popleft()
-                        done = self._start(t, sel, pending, by_start, now)
+                        position, t = queue.popleft()
+                        done = self._start(position, t, sel, pending, by_start, now)
                         if done is not None:
-                            results[index[id(t)]] = done
+                            results[position] = done
                         now = self._clock()
                     while by_start and pending.get(by_start[0][1]) is not by_start[0][2]:
                         by_start.popleft()  # finished already (its fd may be reused by now)
@@ -88,7 +88,7 @@ class TcpProber:
                         del pending[fd]
                         sel.unregister(p.sock)
                         p.sock.close()
-                        results[index[id(p.target)]] = CheckResult(
+                        results[p.position] = CheckResult(
                             p.target.node, CheckOutcome.TIMEOUT, now - p.started, "no answer")
                     if not pending:
                         continue
@@ -100,13 +100,13 @@ class TcpProber:
                     for key, _ in ready:
                         p = pending.pop(key.fd)
                         sel.unregister(p.sock)
-                        results[index[id(p.target)]] = _finish(p, woke)
+                        results[p.position] = _finish(p, woke)
             finally:
                 end = self._clock()
                 for p in pending.values():
                     p.sock.close()
                     # Cut by the round's end before its own timeout: a silence too short to count.
-                    results[index[id(p.target)]] = CheckResult(
+                    results[p.position] = CheckResult(
                         p.target.node, CheckOutcome.NOT_CHECKED, end - p.started,
                         "the round ended before its timeout")
         stalled = late > self._timeout / 2
@@ -120,7 +120,7 @@ class TcpProber:
             out.append(r)
         return out
 
-    def _start(self, t: Target, sel: selectors.BaseSelector, pending: dict[int, _Pending],
+    def _start(self, position: int, t: Target, sel: selectors.BaseSelector, pending: dict[int, _Pending],
                by_start: deque[tuple[float, int, _Pending]], now: float) -> CheckResult | None:
         family = socket.AF_INET6 if ":" in t.host else socket.AF_INET
         try:
@@ -130,7 +130,7 @@ class TcpProber:
         sock.setblocking(False)
         rc = sock.connect_ex((t.host, t.port))
         if rc in (errno.EINPROGRESS, errno.EAGAIN):
-            p = pending[sock.fileno()] = _Pending(t, sock, now)
+            p = pending[sock.fileno()] = _Pending(position, t, sock, now)
             by_start.append((now, sock.fileno(), p))
             sel.register(sock, selectors.EVENT_WRITE)
             return None

@@ -39,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "drift"))
 
+from b300.drift.ssh import Endpoint, SshSettings  # noqa: E402
 from b300.liveness.records import CheckOutcome, Target  # noqa: E402
 from b300.liveness.tcp import TcpProber  # noqa: E402
 
@@ -139,7 +140,7 @@ def bench_ssh(args: argparse.Namespace) -> None:
     import drift_nodes as dn
     import paramiko
 
-    from b300.drift.ssh import Endpoint, ParamikoRunner, SshSettings
+    from b300.drift.ssh import ParamikoRunner
 
     base_port = int(os.environ.get("B300_SSHD_PORT_BASE", "22201"))
     with tempfile.TemporaryDirectory(prefix="b300-bench-live-") as tmp:
@@ -206,10 +207,32 @@ def bench_ssh(args: argparse.Namespace) -> None:
             print(f"  fresh connect + exec true (the confirmation check), {len(nodes)} nodes at once: "
                   f"{(_cpu() - c0) / len(nodes) * 1000:.0f} ms CPU per node, "
                   f"{time.monotonic() - w0:.2f} s wall for all, {ok}/{len(nodes)} answered")
+            for c in clients:
+                c.close()  # the confirmations below run without the pooled connections
+            clients.clear()
+            _confirm_rounds(args, settings, {n.name: Endpoint("127.0.0.1", n.port) for n in nodes})
         finally:
             for c in clients:
                 c.close()
             dn.stop(nodes)
+
+
+def _confirm_rounds(args: argparse.Namespace, settings: SshSettings, addresses: dict[str, Endpoint]) -> None:
+    """The confirmation as the monitor runs it (liveness defaults), on live nodes: how often
+    it fails a node that is alive (the q of docs/LIVENESS.md) and how long it takes."""
+    from b300.liveness.config import LivenessConfig
+    from b300.liveness.confirm import SshConfirmer, confirm_runner
+    config = LivenessConfig()
+    confirmer = SshConfirmer(confirm_runner(settings, addresses, config))
+    outcomes: Counter[str] = Counter()
+    lat: list[float] = []
+    for _ in range(args.confirm_rounds):
+        for r in confirmer.confirm(sorted(addresses)):
+            outcomes[r.outcome.value] += 1
+            lat.append(r.latency_s)
+    print(f"  confirmations of live nodes ({args.confirm_rounds} rounds of {len(addresses)} at once, "
+          f"confirm_timeout_s {config.confirm_timeout_s:g}): {dict(outcomes)}; "
+          f"round p50 {_pct(lat, 0.5):.2f} s max {max(lat):.2f} s; load {os.getloadavg()[0]:.1f}")
 
 
 def bench_slurm(args: argparse.Namespace) -> None:
@@ -240,6 +263,7 @@ def main() -> int:
     s.add_argument("--sshd", type=int, default=8)
     s.add_argument("--conns", type=int, default=128)
     s.add_argument("--rounds", type=int, default=20)
+    s.add_argument("--confirm-rounds", type=int, default=25)
     sl = sub.add_parser("slurm")
     sl.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()

@@ -89,3 +89,9 @@ def test_many_targets_one_thread(listening: int) -> None:
     targets = [Target(f"n{i:04d}", "127.0.0.1", listening) for i in range(300)]
     results = TcpProber(timeout_s=0.8, max_in_flight=50).check(targets, 1.0)
     assert all(r.outcome is CheckOutcome.OK for r in results), {r.outcome for r in results}
+
+
+def test_a_target_listed_twice_gets_two_results(listening: int, closed_port: int) -> None:
+    up = Target("up", "127.0.0.1", listening)
+    results = TcpProber(timeout_s=0.3).check([up, Target("gone", "127.0.0.1", closed_port), up], 1.0)
+    assert [r.outcome for r in results] == [CheckOutcome.OK, CheckOutcome.REFUSED, CheckOutcome.OK]
