@@ -70,14 +70,17 @@ def _monitor(sim: Sim) -> LivenessMonitor:
                            SshConfirmer(confirm_runner(settings, addresses, CFG)))
 
 
-def _rounds(monitor: LivenessMonitor, targets: list[Target], seconds: float,
-            ) -> list[tuple[float, RoundReport]]:
-    """Rounds every interval_s for ``seconds`` (the cadence is the check's own, not a wait)."""
+def _rounds(monitor: LivenessMonitor, targets: list[Target], seconds: float, *,
+            until_dead: bool = False) -> list[tuple[float, RoundReport]]:
+    """Rounds every interval_s for ``seconds`` (the cadence is the check's own, not a wait),
+    or until a node is confirmed dead."""
     out = []
     start = time.monotonic()
     i = 0
     while time.monotonic() - start < seconds:
         out.append((time.monotonic(), monitor.round(targets, datetime.now(UTC))))
+        if until_dead and out[-1][1].dead:
+            break
         i += 1
         time.sleep(max(0.0, start + i * CFG.interval_s - time.monotonic()))
     return out
@@ -111,7 +114,8 @@ def test_crashed_node_is_confirmed_dead_within_n_checks_and_the_window(
                        capture_output=True)
         dn.stop([node_sshd.nodes[VICTIM]])  # the crash takes the node's sshd too
         killed = time.monotonic()
-        after = _rounds(monitor, targets, 8.0)
+        after = _rounds(monitor, targets, 8.0, until_dead=True)
+        slurm_then = slurm_cmd(slurm_conf, "sinfo", "-h", "-N", "-n", VICTIM, "-o", "%T").strip()
     finally:
         monitor.close()
         dn.start([node_sshd.nodes[VICTIM]])
@@ -125,6 +129,9 @@ def test_crashed_node_is_confirmed_dead_within_n_checks_and_the_window(
     evidence = next(d.evidence for _, r in after for d in r.decisions if d.verdict is Verdict.DEAD)
     assert "refused" in evidence and "confirmation failed" in evidence and "ssh unreachable" in evidence
     assert not _verdicts(after, NEIGHBOUR)
+    # Slurm had not noticed yet (it marks the node not responding ~15-20 s after the kill
+    # with SlurmdTimeout=20, measured; 100 s with 300).
+    assert "*" not in slurm_then and "down" not in slurm_then, slurm_then
 
 
 def test_slurmd_frozen_for_less_than_the_window_is_never_confirmed(slurm_conf: str, node_sshd: Sim) -> None:
