@@ -1,0 +1,29 @@
+"""Active failure localisation: find a dead node of a running job in seconds (issue 14).
+
+Pure core: :mod:`.records`, :mod:`.config`, :mod:`.machine`, :mod:`.slurm_addr`
+(parsing). I/O edges: :mod:`.tcp` (the primary check), :mod:`.confirm` (SSH; imports
+paramiko, so it is not imported here), :mod:`.monitor` (one round per interval).
+docs/LIVENESS.md says why these checks and these defaults.
+"""
+
+from .config import LivenessConfig, load_liveness_config
+from .machine import Health, NodeLiveness, confirmed_dead, observe_checks, observe_confirmations, undecided
+from .monitor import Confirmer, LivenessMonitor, PrimaryProber, RoundReport
+from .records import (
+    CheckOutcome,
+    CheckResult,
+    ConfirmOutcome,
+    ConfirmResult,
+    Decision,
+    Target,
+    Verdict,
+)
+from .slurm_addr import NodeAddress, parse_node_addresses, targets_for
+from .tcp import TcpProber
+
+__all__ = [
+    "CheckOutcome", "CheckResult", "ConfirmOutcome", "ConfirmResult", "Confirmer", "Decision", "Health",
+    "LivenessConfig", "LivenessMonitor", "NodeAddress", "NodeLiveness", "PrimaryProber", "RoundReport",
+    "Target", "TcpProber", "Verdict", "confirmed_dead", "load_liveness_config", "observe_checks",
+    "observe_confirmations", "parse_node_addresses", "targets_for", "undecided",
+]

@@ -1,0 +1,69 @@
+"""The ``[liveness]`` section: how often nodes in use are checked and when one is dead.
+
+Durations are numbers of seconds (TOML ``interval_s = 1.0``). The defaults and
+the false-positive rate they give are derived in docs/LIVENESS.md from the
+measurements in the README ("Performance", "Liveness checks").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class LivenessConfig(BaseModel):
+    """Thresholds of active failure detection; strict (no bool for a number), unknown keys refused.
+
+    A node is *suspect* after ``misses_to_suspect`` primary checks in a row got no
+    answer; it is *dead* once the confirmation check also failed and the primary
+    stayed silent for ``confirm_window_s`` after it became suspect. Any answer in
+    that window clears it. So a silence shorter than about
+    ``(misses_to_suspect - 1) * interval_s + confirm_window_s`` never drains a node.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    enabled: bool = True
+    #: Seconds between two primary checks of every node in use (one batch per interval).
+    interval_s: float = Field(default=1.0, ge=0.2, le=60.0)
+    #: A primary check without an answer after this many seconds is a miss. Linux
+    #: resends a lost SYN after 1 s, so a value under 1 s counts one lost packet as one miss.
+    timeout_s: float = Field(default=0.8, gt=0.0, le=30.0)
+    #: Misses in a row that make a node suspect (and start the confirmation check).
+    misses_to_suspect: int = Field(default=3, ge=1, le=100)
+    #: Seconds a suspect node has to answer either check before it is confirmed dead.
+    confirm_window_s: float = Field(default=1.0, ge=0.0, le=600.0)
+    #: Budget of one confirmation check (SSH connect, host key, authentication).
+    confirm_timeout_s: float = Field(default=1.5, gt=0.0, le=60.0)
+    #: A node whose primary check misses but which answers the confirmation is
+    #: confirmed again after this many seconds (it may die later).
+    recheck_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+    #: At most this many checks in flight at once (file descriptors).
+    max_in_flight: int = Field(default=512, ge=1, le=65536)
+    #: A round in which more than this fraction of the nodes went silent (at least two
+    #: of them) says more about the login node's own network than about the nodes:
+    #: its silences are not counted.
+    mass_silence_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _timeout_fits_interval(self) -> LivenessConfig:
+        if self.timeout_s >= self.interval_s:
+            raise ValueError(f"timeout_s ({self.timeout_s:g}) must be shorter than interval_s "
+                             f"({self.interval_s:g}): every check of a round ends before the next")
+        return self
+
+
+def load_liveness_config(table: Mapping[str, Any] | None) -> LivenessConfig:
+    """The config from a parsed ``[liveness]`` TOML table (None or {}: the defaults).
+
+    Raises ValueError with one line naming the key and the problem.
+    """
+    try:
+        return LivenessConfig.model_validate(dict(table or {}))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "liveness"
+        key = f"liveness.{where}" if err["loc"] else "liveness"
+        raise ValueError(f"{key}: {err['msg']}") from None

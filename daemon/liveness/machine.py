@@ -1,0 +1,211 @@
+"""The liveness state machine, per node (pure: no I/O, no clock; ``now`` is passed in).
+
+    OK --miss--> MISSING(k) --k reaches N--> SUSPECT --confirmation failed and
+    silent for the window--> DEAD
+    SUSPECT --primary answers--> OK (CLEARED)
+    SUSPECT --confirmation answers--> SPLIT (CLEARED): the node is alive, only the
+        primary path is silent (e.g. slurmd died and systemd restarts it); confirmed
+        again every ``recheck_s`` while the primary stays silent
+    SPLIT, DEAD --primary answers--> OK (RECOVERED)
+
+A round's results name every node checked; a node absent from a round is no
+longer a target and is forgotten. ``NOT_CHECKED`` results change nothing.
+
+The state is not persisted: after a daemon restart every node starts at OK.
+A dead node is found again within ``N * interval + window`` (it is still dead),
+while a miss count carried over a restart would mix silences from before and
+after it (the gap in between is not silence). See docs/LIVENESS.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from .config import LivenessConfig
+from .records import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Decision, Verdict
+
+_KEEP = 6  # check results kept per node for the evidence text
+
+
+class Health(enum.StrEnum):
+    OK = "ok"
+    MISSING = "missing"
+    SUSPECT = "suspect"
+    SPLIT = "split"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLiveness:
+    """What is known about one node: its state, the misses in a row, the recent evidence."""
+
+    node: str
+    health: Health = Health.OK
+    misses: int = 0
+    suspect_at: datetime | None = None
+    suspect_misses: int = 0                   # ``misses`` when it became suspect
+    confirm_asked_at: datetime | None = None  # a confirmation was asked for and has not come back
+    confirm_failed: str = ""                  # the failed confirmation's text, while SUSPECT
+    confirmed_at: datetime | None = None      # the last confirmation's time, while SPLIT
+    recent: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The states after one step, what was decided, and the nodes to confirm now."""
+
+    states: Mapping[str, NodeLiveness]
+    decisions: tuple[Decision, ...] = ()
+    confirm: tuple[str, ...] = ()
+    note: str = ""  # why a round's silences were not counted, if they were not
+
+
+def observe_checks(states: Mapping[str, NodeLiveness], results: Sequence[CheckResult], now: datetime,
+                   config: LivenessConfig) -> Step:
+    """Fold one round of primary checks into ``states``."""
+    silent = [r for r in results if r.outcome in _SILENCE]
+    ignore_silence = len(silent) >= 2 and len(silent) > config.mass_silence_fraction * len(results)
+    note = (f"{len(silent)} of {len(results)} nodes silent in one round: taken as the login node's "
+            "own trouble, not counted") if ignore_silence else ""
+    out: dict[str, NodeLiveness] = {}
+    decisions: list[Decision] = []
+    confirm: list[str] = []
+    for r in results:
+        s = states.get(r.node) or NodeLiveness(r.node)
+        if r.outcome is CheckOutcome.NOT_CHECKED or (ignore_silence and r.outcome in _SILENCE):
+            s = _remember(s, now, f"{r.outcome.value if not ignore_silence else 'not counted'}"
+                          f"{' (' + r.detail + ')' if r.detail else ''}")
+        elif r.outcome.answered:
+            s, d = _answered(s, r, now)
+            if d is not None:
+                decisions.append(d)
+        else:
+            s, d, ask = _missed(s, r, now, config)
+            if d is not None:
+                decisions.append(d)
+            if ask:
+                confirm.append(r.node)
+        out[r.node] = s
+    return Step(out, tuple(decisions), tuple(confirm), note)
+
+
+def observe_confirmations(states: Mapping[str, NodeLiveness], results: Sequence[ConfirmResult],
+                          now: datetime, config: LivenessConfig) -> Step:
+    """Fold the confirmation checks' answers into ``states`` (answers for nodes that are
+    no longer suspect are stale and ignored)."""
+    out = dict(states)
+    decisions: list[Decision] = []
+    for r in results:
+        s = out.get(r.node)
+        if s is None or s.health is not Health.SUSPECT:
+            continue
+        text = f"confirmation {r.outcome.value} in {_ms(r.latency_s)}{': ' + r.detail if r.detail else ''}"
+        s = _remember(replace(s, confirm_asked_at=None), now, text)
+        if r.outcome.alive:
+            s = replace(s, health=Health.SPLIT, confirmed_at=now, suspect_at=None, confirm_failed="")
+            decisions.append(_decide(s, Verdict.CLEARED, now,
+                                     "primary check silent but the node answers the confirmation: "
+                                     "alive, no action"))
+        elif r.outcome is ConfirmOutcome.FAILED:
+            s = replace(s, confirm_failed=text)
+            if _window_over(s, config):
+                s, d = _dead(s, now, config)
+                decisions.append(d)
+        out[r.node] = s
+    return Step(out, tuple(decisions))
+
+
+_SILENCE = frozenset({CheckOutcome.TIMEOUT, CheckOutcome.UNREACHABLE, CheckOutcome.ERROR})
+
+
+def _answered(s: NodeLiveness, r: CheckResult, now: datetime) -> tuple[NodeLiveness, Decision | None]:
+    was = s.health
+    s = _remember(s, now, f"ok {_ms(r.latency_s)}")
+    fresh = NodeLiveness(s.node, recent=s.recent)
+    if was is Health.SUSPECT:
+        return fresh, _decide(s, Verdict.CLEARED, now, "answered the primary check within the window")
+    if was in (Health.SPLIT, Health.DEAD):
+        return fresh, _decide(s, Verdict.RECOVERED, now, f"answers the primary check again (was {was.value})")
+    return fresh, None
+
+
+def _missed(s: NodeLiveness, r: CheckResult, now: datetime,
+            config: LivenessConfig) -> tuple[NodeLiveness, Decision | None, bool]:
+    s = _remember(replace(s, misses=s.misses + 1), now,
+                  f"{r.outcome.value} {_ms(r.latency_s)}{' (' + r.detail + ')' if r.detail else ''}")
+    if s.health in (Health.OK, Health.MISSING):
+        if s.misses < config.misses_to_suspect:
+            return replace(s, health=Health.MISSING), None, False
+        s = replace(s, health=Health.SUSPECT, suspect_at=now, suspect_misses=s.misses,
+                    confirm_asked_at=now, confirm_failed="")
+        return s, _decide(s, Verdict.SUSPECT, now,
+                          f"missed {s.misses} primary checks in a row: confirming"), True
+    if s.health is Health.SUSPECT:
+        if s.confirm_failed and _window_over(s, config):
+            s, d = _dead(s, now, config)
+            return s, d, False
+        lost = (s.confirm_asked_at is None or
+                now - s.confirm_asked_at > timedelta(seconds=config.confirm_timeout_s + config.interval_s))
+        if not s.confirm_failed and lost:  # no answer came back for the last request: ask again
+            return replace(s, confirm_asked_at=now), None, True
+        return s, None, False
+    if s.health is Health.SPLIT:
+        assert s.confirmed_at is not None
+        if now - s.confirmed_at >= timedelta(seconds=config.recheck_s):
+            s = replace(s, health=Health.SUSPECT, suspect_at=now, suspect_misses=s.misses,
+                        confirm_asked_at=now, confirmed_at=None)
+            return s, None, True
+        return s, None, False
+    return s, None, False  # DEAD stays dead until it answers
+
+
+def _window_over(s: NodeLiveness, config: LivenessConfig) -> bool:
+    """Whether the primary check stayed silent for the whole window since the node became suspect.
+
+    Counted in rounds (``ceil(window / interval)`` more misses), not read off the clock:
+    rounds a few milliseconds early must not cut the window by one, and rounds that come
+    late (a stalled daemon) only make it longer."""
+    return s.misses - s.suspect_misses >= window_rounds(config)
+
+
+def window_rounds(config: LivenessConfig) -> int:
+    """The confirmation window in rounds of the primary check."""
+    return math.ceil(config.confirm_window_s / config.interval_s - 1e-9)
+
+
+def _dead(s: NodeLiveness, now: datetime, config: LivenessConfig) -> tuple[NodeLiveness, Decision]:
+    assert s.suspect_at is not None
+    silent = (now - s.suspect_at).total_seconds()
+    s = replace(s, health=Health.DEAD, confirm_asked_at=None)
+    return s, _decide(s, Verdict.DEAD, now,
+                      f"missed {s.misses} primary checks in a row, {s.misses - s.suspect_misses} of them "
+                      f"in the {silent:.1f} s since it became suspect (window {config.confirm_window_s:g} s); "
+                      f"{s.confirm_failed}")
+
+
+def _decide(s: NodeLiveness, verdict: Verdict, now: datetime, why: str) -> Decision:
+    return Decision(s.node, verdict, now, f"{s.node}: {why}; recent: " + "; ".join(s.recent), s.misses)
+
+
+def _remember(s: NodeLiveness, now: datetime, text: str) -> NodeLiveness:
+    return replace(s, recent=(*s.recent, f"{now:%H:%M:%S.%f}"[:-3] + " " + text)[-_KEEP:])
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.001 else f"{seconds * 1e6:.0f} us"
+
+
+def undecided(states: Mapping[str, NodeLiveness], nodes: Sequence[str]) -> tuple[str, ...]:
+    """The ``nodes`` that are missing checks or suspect right now: not known alive, not yet
+    confirmed dead. Recovery of an attempt that failed with peer/NCCL evidence waits while
+    this is not empty (bounded by its settle time) instead of waiting blind for Slurm."""
+    return tuple(n for n in nodes if n in states and states[n].health in (Health.MISSING, Health.SUSPECT))
+
+
+def confirmed_dead(states: Mapping[str, NodeLiveness], nodes: Sequence[str]) -> tuple[str, ...]:
+    """The ``nodes`` confirmed dead (the suspects to drain and exclude)."""
+    return tuple(n for n in nodes if n in states and states[n].health is Health.DEAD)

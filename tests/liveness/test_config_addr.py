@@ -1,0 +1,87 @@
+"""The [liveness] config model and the slurmd addresses parsed from scontrol's real output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from b300.liveness.config import LivenessConfig, load_liveness_config
+from b300.liveness.records import Target
+from b300.liveness.slurm_addr import NodeAddress, parse_node_addresses, targets_for
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def test_defaults_are_documented_values() -> None:
+    c = load_liveness_config(None)
+    assert (c.interval_s, c.timeout_s, c.misses_to_suspect, c.confirm_window_s, c.confirm_timeout_s) == (
+        1.0, 0.8, 3, 1.0, 1.5)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"interval_s": True}, "liveness.interval_s: Input should be a valid number"),
+    ({"interval_s": "1s"}, "liveness.interval_s: Input should be a valid number"),
+    ({"misses_to_suspect": 0}, "liveness.misses_to_suspect: Input should be greater than or equal to 1"),
+    ({"misses_to_suspect": 2.0}, "liveness.misses_to_suspect: Input should be a valid integer"),
+    ({"interval": 1}, "liveness.interval: Extra inputs are not permitted"),
+    ({"interval_s": 1.0, "timeout_s": 1.0}, "timeout_s (1) must be shorter than interval_s (1)"),
+])
+def test_bad_values_are_one_line_naming_the_key(table: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=r"^liveness") as exc:
+        load_liveness_config(table)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_config_is_frozen() -> None:
+    c = LivenessConfig()
+    with pytest.raises(ValidationError):
+        c.interval_s = 5.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_parse_real_scontrol_show_node(release: str) -> None:
+    text = (FIXTURES / release / "scontrol-show-node-gpu03.txt").read_text()
+    assert parse_node_addresses(text) == {"gpu03": NodeAddress("gpu03", "127.0.0.1", 18303)}
+    one_line = " ".join(text.split())  # what scontrol show node -o prints
+    assert parse_node_addresses(one_line) == {"gpu03": NodeAddress("gpu03", "127.0.0.1", 18303)}
+
+
+def test_parse_many_records_no_port_and_a_hostile_reason() -> None:
+    text = ("NodeName=n1 Arch=x86_64 NodeAddr=10.1.0.1 NodeHostName=n1 Version=24.11 "
+            "Reason=fake NodeAddr=6.6.6.6 Port=1 [root@2026]\n"
+            "NodeName=n2 NodeAddr=n2.ib.cluster NodeHostName=n2 Port=6820 Version=24.11\n"
+            "NodeName=n3 NodeAddr=(null) Port=6818\n"
+            "NodeName=bad;rm NodeAddr=10.1.0.4\n"
+            "NodeName=n5 NodeAddr=$(reboot)\n")
+    assert parse_node_addresses(text) == {
+        "n1": NodeAddress("n1", "10.1.0.1", None),
+        "n2": NodeAddress("n2", "n2.ib.cluster", 6820),
+    }
+
+
+def test_targets_resolve_names_once_and_say_why_a_node_has_none() -> None:
+    addresses = {"n1": NodeAddress("n1", "10.1.0.1", None),
+                 "n2": NodeAddress("n2", "n2.ib", 6820),
+                 "n3": NodeAddress("n3", "gone.ib", None)}
+    asked: list[str] = []
+
+    def resolve(host: str) -> str:
+        asked.append(host)
+        if host == "gone.ib":
+            raise OSError("Name or service not known")
+        return "10.1.0.2"
+    targets, missing = targets_for(["n1", "n2", "n2", "n3", "n4"], addresses, default_port=6818,
+                                   resolve=resolve)
+    assert targets == [Target("n1", "10.1.0.1", 6818), Target("n2", "10.1.0.2", 6820)]
+    assert asked == ["n2.ib", "gone.ib"]
+    assert set(missing) == {"n3", "n4"} and "Name or service not known" in missing["n3"]
+
+
+@pytest.mark.parametrize(("node", "host", "port"), [
+    ("a b", "127.0.0.1", 1), ("n1", "host.name", 1), ("n1", "127.0.0.1", 0), ("n1", "127.0.0.1", True),
+    ("-n", "127.0.0.1", 1)])
+def test_target_refuses_what_it_cannot_check(node: str, host: str, port: int) -> None:
+    with pytest.raises(ValueError):
+        Target(node, host, port)

@@ -1,0 +1,235 @@
+"""The liveness state machine (pure): thresholds, the window, clearing, mass silence."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from b300.liveness.config import LivenessConfig
+from b300.liveness.machine import Health, NodeLiveness, Step, observe_checks, observe_confirmations
+from b300.liveness.records import (
+    CheckOutcome,
+    CheckResult,
+    ConfirmOutcome,
+    ConfirmResult,
+    Verdict,
+)
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+CFG = LivenessConfig()  # interval 1 s, N 3, window 1 s
+OK, REFUSED, TIMEOUT = CheckOutcome.OK, CheckOutcome.REFUSED, CheckOutcome.TIMEOUT
+
+
+def _round(states: dict[str, NodeLiveness] | None, i: int, **outcomes: CheckOutcome) -> Step:
+    results = [CheckResult(node, o, 0.001, "x") for node, o in outcomes.items()]
+    return observe_checks(states or {}, results, T0 + timedelta(seconds=i), CFG)
+
+
+def _confirm(states: dict[str, NodeLiveness] | dict, i: float, node: str,
+             outcome: ConfirmOutcome) -> Step:
+    return observe_confirmations(states, [ConfirmResult(node, outcome, 0.01, "ssh")],
+                                 T0 + timedelta(seconds=i), CFG)
+
+
+def _verdicts(step: Step) -> list[tuple[str, Verdict]]:
+    return [(d.node, d.verdict) for d in step.decisions]
+
+
+def test_dead_after_n_misses_a_failed_confirmation_and_the_window() -> None:
+    s = _round(None, 0, a=OK, b=OK)
+    s = _round(dict(s.states), 1, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 2, a=REFUSED, b=OK)
+    assert s.decisions == () and s.states["a"].health is Health.MISSING
+    s = _round(dict(s.states), 3, a=REFUSED, b=OK)
+    assert _verdicts(s) == [("a", Verdict.SUSPECT)] and s.confirm == ("a",)
+    c = _confirm(dict(s.states), 3.05, "a", ConfirmOutcome.FAILED)
+    assert c.decisions == ()  # the window (one round) is not over yet
+    s = _round(dict(c.states), 4, a=REFUSED, b=OK)
+    assert _verdicts(s) == [("a", Verdict.DEAD)]
+    dead = s.decisions[0]
+    assert "missed 4 primary checks" in dead.evidence and "confirmation failed" in dead.evidence
+    assert "12:00:01.000 refused" in dead.evidence and dead.misses == 4
+    s = _round(dict(s.states), 5, a=REFUSED, b=OK)
+    assert s.decisions == ()  # dead is said once
+    s = _round(dict(s.states), 6, a=OK, b=OK)
+    assert _verdicts(s) == [("a", Verdict.RECOVERED)] and s.states["a"].health is Health.OK
+
+
+def test_confirmation_answering_clears_and_rechecks_later() -> None:
+    s = _round(None, 0, a=TIMEOUT, b=OK)
+    s = _round(dict(s.states), 1, a=TIMEOUT, b=OK)
+    s = _round(dict(s.states), 2, a=TIMEOUT, b=OK)
+    assert s.confirm == ("a",)
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.ANSWERED)
+    assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
+    states = dict(c.states)
+    asked = []
+    for i in range(3, 3 + 40):
+        s = _round(states, i, a=TIMEOUT, b=OK)
+        states = dict(s.states)
+        assert Verdict.DEAD not in [v for _, v in _verdicts(s)]
+        asked += [i] * len(s.confirm)
+    assert asked and asked[0] == 33  # recheck_s 30 after the confirmation at 2.5 s
+
+
+def test_primary_answer_within_the_window_clears_even_after_failed_confirmation() -> None:
+    s = _round(None, 0, a=TIMEOUT)
+    s = _round(dict(s.states), 1, a=TIMEOUT)
+    s = _round(dict(s.states), 2, a=TIMEOUT)
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.FAILED)
+    s = _round(dict(c.states), 3, a=OK)
+    assert _verdicts(s) == [("a", Verdict.CLEARED)] and s.states["a"].health is Health.OK
+
+
+def test_not_checked_is_no_evidence_either_way() -> None:
+    s = _round(None, 0, a=REFUSED)
+    s = _round(dict(s.states), 1, a=CheckOutcome.NOT_CHECKED)
+    assert s.states["a"].misses == 1
+    s = _round(dict(s.states), 2, a=REFUSED)
+    assert s.states["a"].misses == 2
+
+
+def test_a_round_where_most_nodes_go_silent_is_not_counted() -> None:
+    s = _round(None, 0, a=TIMEOUT, b=TIMEOUT, c=OK)
+    assert "2 of 3 nodes silent" in s.note and all(st_.misses == 0 for st_ in s.states.values())
+    s = _round(None, 0, a=REFUSED, b=REFUSED, c=OK)  # resets come from the nodes' kernels: counted
+    assert s.states["a"].misses == 1 and s.note == ""
+    s = _round(None, 0, a=TIMEOUT, b=OK)  # one node alone is never "mass silence"
+    assert s.states["a"].misses == 1
+
+
+def test_a_node_leaving_the_targets_is_forgotten() -> None:
+    s = _round(None, 0, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 1, b=OK)
+    assert set(s.states) == {"b"}
+
+
+def test_stale_confirmation_is_ignored() -> None:
+    s = _round(None, 0, a=OK)
+    c = _confirm(dict(s.states), 0.5, "a", ConfirmOutcome.FAILED)
+    assert c.decisions == () and c.states["a"].health is Health.OK
+    c = _confirm({}, 0.5, "ghost", ConfirmOutcome.FAILED)
+    assert c.decisions == () and "ghost" not in c.states
+
+
+def test_lost_confirmation_is_asked_again() -> None:
+    s = _round(None, 0, a=REFUSED)
+    s = _round(dict(s.states), 1, a=REFUSED)
+    s = _round(dict(s.states), 2, a=REFUSED)
+    assert s.confirm == ("a",)
+    states = dict(s.states)
+    again = []
+    for i in range(3, 8):  # no answer ever comes back
+        s = _round(states, i, a=REFUSED)
+        states = dict(s.states)
+        again += [i] * len(s.confirm)
+        assert s.decisions == ()  # never dead without a failed confirmation
+    assert again and again[0] == 5  # after confirm_timeout_s + interval_s
+
+
+# -- properties -------------------------------------------------------------
+
+_outcomes = st.sampled_from([OK, REFUSED, TIMEOUT, CheckOutcome.UNREACHABLE, CheckOutcome.NOT_CHECKED])
+_confirms = st.sampled_from([None, ConfirmOutcome.FAILED, ConfirmOutcome.ANSWERED,
+                             ConfirmOutcome.ANSWERED_REFUSED, ConfirmOutcome.NOT_CHECKED])
+_configs = st.builds(
+    lambda n, w: LivenessConfig(misses_to_suspect=n, confirm_window_s=float(w)),
+    st.integers(1, 5), st.integers(0, 4))
+
+
+def _run(config: LivenessConfig, seq: list[CheckOutcome], confirms: list[ConfirmOutcome | None],
+         ) -> tuple[list[Verdict], list[int]]:
+    """Drive one node (plus one healthy neighbour, so a lone miss is never mass silence)."""
+    states: dict[str, NodeLiveness] = {}
+    verdicts: list[Verdict] = []
+    dead_at: list[int] = []
+    for i, outcome in enumerate(seq):
+        now = T0 + timedelta(seconds=i * config.interval_s)
+        s = observe_checks(states, [CheckResult("a", outcome, 0.0), CheckResult("b", OK, 0.0)], now, config)
+        states = dict(s.states)
+        verdicts += [d.verdict for d in s.decisions]
+        dead_at += [i for d in s.decisions if d.verdict is Verdict.DEAD]
+        c = confirms[i % len(confirms)]
+        if c is not None and states["a"].health is Health.SUSPECT:
+            s = observe_confirmations(states, [ConfirmResult("a", c, 0.01)],
+                                      now + timedelta(seconds=0.1), config)
+            states = dict(s.states)
+            verdicts += [d.verdict for d in s.decisions]
+            dead_at += [i for d in s.decisions if d.verdict is Verdict.DEAD]
+    return verdicts, dead_at
+
+
+def _longest_miss_run(seq: list[CheckOutcome]) -> int:
+    best = run = 0
+    for o in seq:
+        if o is OK:
+            run = 0
+        elif o is not CheckOutcome.NOT_CHECKED:
+            run += 1
+            best = max(best, run)
+    return best
+
+
+@settings(max_examples=400, deadline=None)
+@given(_configs, st.lists(_outcomes, max_size=40), st.lists(_confirms, min_size=1, max_size=5))
+def test_never_dead_unless_misses_reach_n_in_a_row(config: LivenessConfig, seq: list[CheckOutcome],
+                                                    confirms: list[ConfirmOutcome | None]) -> None:
+    verdicts, _ = _run(config, seq, confirms)
+    if _longest_miss_run(seq) < config.misses_to_suspect:
+        assert Verdict.SUSPECT not in verdicts and Verdict.DEAD not in verdicts
+
+
+@settings(max_examples=400, deadline=None)
+@given(_configs, st.lists(_outcomes, max_size=40))
+def test_a_node_that_answers_the_confirmation_is_never_confirmed(config: LivenessConfig,
+                                                                 seq: list[CheckOutcome]) -> None:
+    verdicts, _ = _run(config, seq, [ConfirmOutcome.ANSWERED])
+    assert Verdict.DEAD not in verdicts
+
+
+@settings(max_examples=400, deadline=None)
+@given(_configs, st.lists(_outcomes, max_size=40), st.lists(_confirms, min_size=1, max_size=5))
+def test_dead_only_after_n_plus_window_misses_in_a_row(config: LivenessConfig, seq: list[CheckOutcome],
+                                                       confirms: list[ConfirmOutcome | None]) -> None:
+    """A node is confirmed only when the primary missed N + window rounds with no answer
+    in between (an answer anywhere in the window clears it)."""
+    from b300.liveness.machine import window_rounds
+    _, dead_at = _run(config, seq, confirms)
+    for i in dead_at:
+        run = 0
+        for o in reversed(seq[: i + 1]):
+            if o is OK:
+                break
+            run += o is not CheckOutcome.NOT_CHECKED
+        assert run >= config.misses_to_suspect + window_rounds(config)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 4))
+def test_a_dead_node_is_found_within_n_plus_window_rounds(n: int, w: int) -> None:
+    config = LivenessConfig(misses_to_suspect=n, confirm_window_s=float(w))
+    _, dead_at = _run(config, [REFUSED] * 20, [ConfirmOutcome.FAILED])
+    # Suspect at the n-th miss (round n-1); the failed confirmation comes back at once;
+    # dead once w more rounds missed (at once when the window is 0).
+    assert dead_at == [n - 1 + w]
+
+
+def test_undecided_and_confirmed_dead_for_recovery() -> None:
+    from b300.liveness.machine import confirmed_dead, undecided
+    s = _round(None, 0, a=REFUSED, b=OK, c=REFUSED)
+    s = _round(dict(s.states), 1, a=REFUSED, b=OK, c=OK)
+    s = _round(dict(s.states), 2, a=REFUSED, b=OK)
+    assert undecided(s.states, ["a", "b", "c"]) == ("a",)  # c is no target any more
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.FAILED)
+    s = _round(dict(c.states), 3, a=REFUSED, b=OK)
+    assert confirmed_dead(s.states, ["a", "b"]) == ("a",) and undecided(s.states, ["a", "b"]) == ()
+
+
+def test_something_answering_but_refusing_us_is_alive() -> None:
+    s = _round(None, 0, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 1, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 2, a=REFUSED, b=OK)
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.ANSWERED_REFUSED)
+    assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
