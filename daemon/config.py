@@ -40,6 +40,7 @@ from typing import Any
 from .checkpoints.config import CheckpointsConfig, parse_checkpoints_config
 from .drift.config import DriftConfig, parse_drift_config
 from .errors import ConfigError
+from .liveness.config import LivenessConfig, load_liveness_config
 from .ops_config import (
     AlertsConfig,
     MetricsConfig,
@@ -78,6 +79,7 @@ class Config:
     lease_ttl_s: float = 15.0  # a holder that stops renewing is replaced after this long
     drift: DriftConfig | None = None  # [drift]: see b300.drift.config
     recovery: RecoveryConfig = field(default_factory=lambda: RecoveryConfig())
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)  # [liveness]: b300.liveness
     checkpoints: CheckpointsConfig = field(default_factory=lambda: CheckpointsConfig())
     report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.ops_config
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -109,6 +111,13 @@ def _recovery(table: Mapping[str, Any], where: str) -> RecoveryConfig:
     )
 
 
+def _liveness(table: Mapping[str, Any], path: str) -> LivenessConfig:
+    try:
+        return load_liveness_config(table)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
 def trigger_program(cfg: Config) -> str:
     """The program slurmctld's node-down trigger runs (the daemon writes it at start)."""
     return os.path.join(cfg.state_dir, "node-down-trigger")
@@ -138,7 +147,7 @@ def load_config(path: str) -> Config:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery", "checkpoints", "report",
+    reject_unknown(doc, {"daemon", "slurm", "drift", "recovery", "liveness", "checkpoints", "report",
                          "metrics", "alerts"}, path, ConfigError)
     d = get_table(doc, "daemon", path, ConfigError)
     dw = f"{path}: [daemon]"
@@ -204,6 +213,7 @@ def load_config(path: str) -> Config:
         accounting_grace_s=parse_duration(s.get("accounting_grace", 60), "accounting_grace", sw,
                                           ConfigError),
         recovery=_recovery(get_table(doc, "recovery", path, ConfigError), f"{path}: [recovery]"),
+        liveness=_liveness(get_table(doc, "liveness", path, ConfigError), path),
         checkpoints=parse_checkpoints_config(get_table(doc, "checkpoints", path, ConfigError),
                                              f"{path}: [checkpoints]"),
         drift=parse_drift_config(get_table(doc, "drift", path, ConfigError), path) if "drift" in doc else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import signal
 import sys
 import threading
@@ -71,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(path)
         check_not_writable_by_others(cfg.state_dir, "state directory")
         configure_logging(cfg.log_format, cfg.log_level)
+        _raise_open_files_limit()
         file_lease = FileLease(cfg.state_dir)
         file_lease.acquire(threading.Event())
         store = open_store(cfg.database_url)
@@ -120,6 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     finally:
         file_lease.release()
+
+
+def _raise_open_files_limit() -> None:
+    """The liveness checks keep a socket per node in flight: take the hard limit of open
+    files (systemd's default soft limit, 1024, is less than a large cluster's nodes)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            structlog.get_logger("b300d").warning("rlimit.nofile_unchanged", soft=soft, hard=hard)
 
 
 def _remove_trigger(cfg: Config) -> int:

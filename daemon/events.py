@@ -37,6 +37,7 @@ class Kind(enum.StrEnum):
     ATTEMPT_CLASSIFIED = "attempt.classified"
     ATTEMPT_HANG = "attempt.hang"
     ATTEMPT_PROGRESS = "attempt.progress"
+    ATTEMPT_NODE_LOST = "attempt.node_lost"
     EXCLUSIONS_ENDED = "exclusions.ended"
     EXCLUSIONS_TRIMMED = "exclusions.trimmed"
     # recovery
@@ -50,6 +51,11 @@ class Kind(enum.StrEnum):
     NODE_SUSPECT = "node.suspect"
     NODE_DRAINED = "node.drained"
     NODE_RESUMED = "node.resumed"
+    # active failure detection (b300.liveness): not strikes, the daemon's own checks
+    LIVENESS_SUSPECT = "liveness.suspect"
+    LIVENESS_CLEARED = "liveness.cleared"
+    LIVENESS_DEAD = "liveness.dead"
+    LIVENESS_RECOVERED = "liveness.recovered"
     # version drift
     DRIFT_FINDING = "drift.finding"
     DRIFT_CLEARED = "drift.cleared"
@@ -98,6 +104,7 @@ _SCHEDULE = frozenset({"job_id", "number", "message", "age_s", "interval_s", "ne
 _LEASE = frozenset({"lease", "epoch", "new", "new_host", "new_pid", "since", "old", "old_host",
                     "old_pid", "old_epoch", "old_renewed_at", "old_expired_at", "old_released"})
 _EVIDENCE = frozenset({"outcome", "resubmit", "suspects", "implicated", "reasons", "log"})
+_LIVENESS = frozenset({"evidence", "misses"})
 
 #: The payload keys each kind may carry.
 PAYLOAD: Mapping[Kind, frozenset[str]] = {
@@ -118,6 +125,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_CLASSIFIED: _EVIDENCE,
     Kind.ATTEMPT_HANG: frozenset({"job_id", "last_step", "stalled_s", "progress_file"}),
     Kind.ATTEMPT_PROGRESS: frozenset({"step", "last"}),
+    Kind.ATTEMPT_NODE_LOST: frozenset({"job_id", "nodes", "evidence"}),
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
     Kind.RECOVERY_WAITING: frozenset({"why", "log"}),
@@ -129,6 +137,10 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.NODE_SUSPECT: _STRIKE,
     Kind.NODE_DRAINED: frozenset({"reason", "black_hole"}),
     Kind.NODE_RESUMED: frozenset(),
+    Kind.LIVENESS_SUSPECT: _LIVENESS,
+    Kind.LIVENESS_CLEARED: _LIVENESS,
+    Kind.LIVENESS_DEAD: _LIVENESS,
+    Kind.LIVENESS_RECOVERED: _LIVENESS,
     Kind.DRIFT_FINDING: _FINDING,
     Kind.DRIFT_CLEARED: _FINDING | {"finding_id", "resumed", "reason"},
     Kind.DRIFT_DRAINED: frozenset({"reason"}),
@@ -180,7 +192,9 @@ SCHEDULE = (Kind.CHECKPOINT_OVERDUE, Kind.CHECKPOINT_SIGNAL, Kind.CHECKPOINT_OK)
 #: Where an attempt's exclusions and their causes are recorded.
 EXCLUSIONS = (Kind.ATTEMPT_INTENT, Kind.ATTEMPT_EXCLUDED)
 #: What recovery reads of an attempt to classify its end.
-END_CAUSES = (Kind.RUN_CANCEL, Kind.ATTEMPT_HANG, Kind.CHECKPOINT_SIGNAL)
+END_CAUSES = (Kind.RUN_CANCEL, Kind.ATTEMPT_HANG, Kind.CHECKPOINT_SIGNAL, Kind.ATTEMPT_NODE_LOST)
+#: The daemon's own liveness verdicts about a node.
+LIVENESS = (Kind.LIVENESS_SUSPECT, Kind.LIVENESS_CLEARED, Kind.LIVENESS_DEAD, Kind.LIVENESS_RECOVERED)
 #: The alert scanner's bookmarks.
 ALERT_MARKS = (Kind.ALERT_SENT, Kind.ALERTS_CURSOR)
 #: The weekly report's delivery record.

@@ -101,6 +101,10 @@ class FencedSlurm:
         self._fence.check(f"drain {node}")
         self._inner.drain_node(node, reason)
 
+    def down_node(self, node: str, reason: str) -> None:
+        self._fence.check(f"down {node}")
+        self._inner.down_node(node, reason)
+
     def resume_node(self, node: str) -> None:
         self._fence.check(f"resume {node}")
         self._inner.resume_node(node)

@@ -19,6 +19,7 @@ from .model import (
     CheckpointInfo,
     Event,
     JobObservation,
+    NodeAddress,
     NodeObservation,
     NodeRecord,
     Run,
@@ -93,8 +94,19 @@ class SlurmClient(Protocol):
         state (one sinfo call)."""
         ...
 
+    def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
+        """Where the slurmd of each of ``nodes`` listens (one ``scontrol show node``); a node
+        without a usable address is absent (it is not checked, never guessed at)."""
+        ...
+
     def drain_node(self, node: str, reason: str) -> None:
         """Set ``node`` to DRAIN with ``reason`` (shown by ``sinfo -R``)."""
+        ...
+
+    def down_node(self, node: str, reason: str) -> None:
+        """Set ``node`` DOWN now with ``reason``: Slurm ends the jobs on it at once (NODE_FAIL,
+        or a requeue) instead of leaving a cancelled job COMPLETING on a node that will never
+        answer. A drain set before stays (DOWN+DRAIN: drained after the node returns)."""
         ...
 
     def resume_node(self, node: str) -> None:

@@ -222,6 +222,16 @@ class SubmitRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """Where a node's slurmd listens, as Slurm states it (``scontrol show node``);
+    ``port`` None: the cluster's SlurmdPort."""
+
+    node: str
+    addr: str
+    port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRecord:
     """What the daemon last knew about a node."""
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real multi-node Slurm cluster on this one machine, for tests and the demo.
 #
-#   localcluster.sh up | down | status | env | restart-node NODE | kill-node NODE
+#   localcluster.sh up | down | status | env | restart-node NODE | kill-node NODE | freeze-node NODE
 #
 # Everything (config, logs, spool, state, pid files) lives in
 # ${B300_CLUSTER_DIR:-/var/tmp/b300-cluster}; nothing is written to /etc/slurm.
@@ -703,6 +703,23 @@ cmd_kill_node() { # node (validated)
   log "slurmctld marks it DOWN after SlurmdTimeout=$SLURMD_TIMEOUT s (+ up to ~20 s ping interval); bring it back with: $0 restart-node $node"
 }
 
+cmd_freeze_node() { # node (validated)
+  # A node powered off: slurmd gone, the job's processes stopped where they are, so no
+  # socket closes and the job's other ranks wait in their collective (NCCL/gloo timeout)
+  # while Slurm still shows the job RUNNING. kill-node then restart-node bring it back.
+  local node=$1 slurmd_pids stepd_pids frozen
+  need_root
+  slurmd_pids=$(find_pids slurmd "$node" | xargs)
+  stepd_pids=$(find_pids slurmstepd "$node" | xargs)
+  # shellcheck disable=SC2086
+  frozen=$( { descendants $stepd_pids; job_procs_of_node "$node"; } | sort -un | xargs)
+  # shellcheck disable=SC2086
+  [[ -z $frozen ]] || kill -STOP $frozen 2>/dev/null || true
+  # shellcheck disable=SC2086
+  [[ -z $slurmd_pids ]] || kill_hard $slurmd_pids
+  log "node $node frozen: killed -9 slurmd (${slurmd_pids:-none}), stopped slurmstepd and job processes (pids ${frozen:-none})"
+}
+
 cmd_restart_node() { # node (validated)
   local node=$1
   need_root
@@ -724,7 +741,7 @@ cmd_restart_node() { # node (validated)
 }
 
 usage() {
-  echo "usage: $0 {up|down|status|env|restart-node NODE|kill-node NODE}" >&2
+  echo "usage: $0 {up|down|status|env|restart-node NODE|kill-node NODE|freeze-node NODE}" >&2
   exit 2
 }
 
@@ -736,6 +753,7 @@ main() {
     status) (($# == 1)) || usage; cmd_status ;;
     env) (($# == 1)) || usage; cmd_env ;;
     kill-node) (($# == 2)) || usage; validate_node "$2"; cmd_kill_node "$2" ;;
+    freeze-node) (($# == 2)) || usage; validate_node "$2"; cmd_freeze_node "$2" ;;
     restart-node) (($# == 2)) || usage; validate_node "$2"; cmd_restart_node "$2" ;;
     *) usage ;;
   esac

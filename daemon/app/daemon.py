@@ -32,6 +32,7 @@ from ..events import Kind
 from ..health import CycleHealth, Watchdog, watchdog_interval_s
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..lease import FencedError
+from ..recovery.node_loss import NodeLossWatch
 from .lifetime import Lifetime, sd_notify
 from .operations import Operations
 from .reloader import ConfigReloader
@@ -154,6 +155,7 @@ class DaemonParts:
     checkpoint_pass: CheckpointPass
     checkpoint_upkeep: CheckpointUpkeep
     drift: DriftWatch | None
+    node_loss: NodeLossWatch | None
     operations: Operations
     router: ControlRouter
     reloader: ConfigReloader
@@ -188,6 +190,9 @@ class Daemon:
                       max_instances=1, coalesce=True, next_run_time=datetime.now(UTC))
         if p.drift is not None:
             p.drift.schedule(sched)
+        if p.node_loss is not None:
+            sched.add_job(p.node_loss.round, "interval", id="liveness",
+                          seconds=cfg.liveness.interval_s, max_instances=1, coalesce=True)
         sched.add_job(p.checkpoint_pass.run_once, "interval", id="checkpoints",
                       seconds=cfg.checkpoints.check_interval_s, max_instances=1, coalesce=True)
         sched.add_job(p.checkpoint_upkeep.run_once, "interval", id="checkpoint-upkeep",
@@ -205,6 +210,8 @@ class Daemon:
         # wait=True: a cycle in progress finishes; its intents are already recorded.
         sched.shutdown(wait=True)
         p.operations.stop()
+        if p.node_loss is not None:
+            p.node_loss.close()
         return self._shut_down()
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ from ..interfaces import SlurmClient, Store
 from ..lease import DbLease
 from ..logs import configure_logging
 from ..recovery.hangs import HangWatch
+from ..recovery.node_loss import NodeLossWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
 from ..spec import spec_of
@@ -71,9 +72,24 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                          job_log_dir=config.job_log_dir,
                          avoid_nodes=lambda: _drifted_nodes(drift, store, slurm),
                          black_holes=lambda: recoverer.black_hole_nodes() if recoverer else set())
+    scheduler = BackgroundScheduler(timezone=UTC)
+    cycles_box: list[CycleRunner] = []
+
+    def wake() -> None:
+        """Run a cycle soon (a node-down trigger, a dead node, a change made through the socket)."""
+        for runner in cycles_box:
+            runner.wake()
+        try:
+            scheduler.modify_job("poll", next_run_time=datetime.now(UTC))
+        except Exception:  # the scheduler may be starting or shutting down
+            log.debug("wake.skipped")
+
+    node_loss = _node_loss_watch(config, store, slurm, lock, clock, wake) if recovery_on else None
     if recovery_on:
         recoverer = Recoverer(store, slurm, actions, clock, config.recovery,
-                              job_log_dir=config.job_log_dir)
+                              job_log_dir=config.job_log_dir,
+                              node_health=node_loss.node_health if node_loss else None,
+                              detect_window_s=_detect_window_s(config))
     tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
                              recovering=recovery_on)
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
@@ -81,15 +97,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                       recoverer=recoverer, hangs=HangWatch(store, slurm, clock) if recovery_on else None)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
-    scheduler = BackgroundScheduler(timezone=UTC)
-
-    def wake() -> None:
-        """Run a cycle soon (a node-down trigger, or after a change made through the socket)."""
-        cycles.wake()
-        try:
-            scheduler.modify_job("poll", next_run_time=datetime.now(UTC))
-        except Exception:  # the scheduler may be starting or shutting down
-            log.debug("wake.skipped")
+    cycles_box.append(cycles)
 
     operations = Operations(config=current.get, store=store, clock=clock, fence=fence.check,
                             health=health, accounting=lambda: tracker.accounting,
@@ -129,12 +137,40 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         checkpoint_upkeep=CheckpointUpkeep(
             store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
             stopping=lifetime.stopping, fence=fence.check),
-        drift=drift, operations=operations, router=router,
+        drift=drift, operations=operations, router=router, node_loss=node_loss,
         reloader=ConfigReloader(config.path, current.get, apply, store, clock),
         on_start=on_start)
     daemon = Daemon(parts)
     server_group.append(daemon.set_admin_group)
     return daemon
+
+
+def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: threading.Lock,
+                     clock: Callable[[], datetime], wake: Callable[[], None]) -> NodeLossWatch | None:
+    """Active failure detection, when ``[liveness]`` is on and nodes can be reached over SSH
+    (the confirmation check uses ``[drift]``'s SSH settings and node addresses)."""
+    cfg = config.liveness
+    if not cfg.enabled:
+        return None
+    if config.drift is None or not config.drift.endpoints():
+        log.warning("liveness.off", why="its confirmation check needs SSH to the nodes ([drift] "
+                    "ssh settings and nodes); failures are found by Slurm alone")
+        return None
+    from ..liveness.confirm import SshConfirmer, confirm_runner
+    from ..liveness.monitor import LivenessMonitor
+    from ..liveness.tcp import TcpProber
+
+    monitor = LivenessMonitor(cfg, TcpProber(timeout_s=cfg.timeout_s, max_in_flight=cfg.max_in_flight),
+                              SshConfirmer(confirm_runner(config.drift.ssh, config.drift.endpoints(), cfg)))
+    return NodeLossWatch(store, slurm, monitor, lock=lock, clock=clock, wake=wake,
+                         settle_s=config.recovery.settle_s)
+
+
+def _detect_window_s(config: Config) -> float:
+    """How long the liveness checks need to see a node that died: N missed rounds, the
+    confirmation window, and a round for the confirmation itself."""
+    cfg = config.liveness
+    return cfg.misses_to_suspect * cfg.interval_s + cfg.confirm_window_s + cfg.confirm_timeout_s
 
 
 def _drifted_nodes(drift: DriftWatch | None, store: Store, slurm: SlurmClient) -> set[str]:

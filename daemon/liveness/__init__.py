@@ -6,6 +6,7 @@ paramiko, so it is not imported here), :mod:`.monitor` (one round per interval).
 docs/LIVENESS.md says why these checks and these defaults.
 """
 
+from ..model import NodeAddress
 from .config import LivenessConfig, load_liveness_config
 from .machine import Health, NodeLiveness, confirmed_dead, observe_checks, observe_confirmations, undecided
 from .monitor import Confirmer, LivenessMonitor, PrimaryProber, RoundReport
@@ -18,7 +19,7 @@ from .records import (
     Target,
     Verdict,
 )
-from .slurm_addr import NodeAddress, parse_node_addresses, targets_for
+from .slurm_addr import parse_node_addresses, targets_for
 from .tcp import TcpProber
 
 __all__ = [

@@ -7,9 +7,8 @@ Both come before the free-text fields (``Reason=``, ``Comment=``, ``Extra=``), a
 nothing after those is read, so a reason that spells ``NodeAddr=`` or ``Port=``
 cannot move a check.
 
-Proposed SlurmClient method (phase 2; not added yet): ``node_addresses(nodes) ->
-dict[str, NodeAddress]``, one ``scontrol show node -o <hostlist>`` per change of
-the set of nodes in use, parsed by :func:`parse_node_addresses`.
+:meth:`b300.interfaces.SlurmClient.node_addresses` is one ``scontrol show node -o
+<hostlist>``, parsed here, asked once per change of the set of nodes in use.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import ipaddress
 import re
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
+from ..model import NodeAddress
 from .records import Target, check_node
 
 # A record starts a line (multi-line and -o output alike); a reason cannot start one.
@@ -30,15 +29,6 @@ _ADDR = re.compile(r"(?:^|\s)NodeAddr=(\S+)")
 _PORT = re.compile(r"Port=(\d{1,5})")
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
 DEFAULT_SLURMD_PORT = 6818  # slurm.conf's SlurmdPort when it sets none
-
-
-@dataclass(frozen=True, slots=True)
-class NodeAddress:
-    """A node's slurmd address as Slurm states it; ``port`` None: the cluster's SlurmdPort."""
-
-    node: str
-    addr: str
-    port: int | None = None
 
 
 def parse_node_addresses(text: str) -> dict[str, NodeAddress]:

@@ -146,14 +146,26 @@ def classify_end(
     now: datetime,
     settle_s: float,
     signal_sent: SignalSent | None = None,
+    lost: Sequence[str] = (),
+    node_health: Mapping[str, str] | None = None,
+    detect_window_s: float = 0.0,
 ) -> Verdict:
     """Classify a terminal attempt. Pure: everything it needs is passed in.
 
     A job that failed within ``signal_grace`` of the daemon's checkpoint signal
     died of it (a batch shell that does not trap USR1 exits): SIGNALLED, the
-    daemon's doing, resubmitted, never the job's error."""
+    daemon's doing, resubmitted, never the job's error.
+
+    ``lost`` are nodes the daemon's own checks confirmed dead while the attempt ran
+    (it cancelled the attempt for them): an infrastructure failure with those nodes
+    as suspects, whatever Slurm says yet. ``node_health`` is what those checks say of
+    the attempt's nodes now (``dead``/``undecided``/``alive``/``unknown``; None: not
+    watched): a failure with peer/NCCL errors in the log then waits only while a node
+    is undecided, or until the checks had ``detect_window_s`` to see a node that died
+    with the job, instead of ``settle_s`` for Slurm to name one."""
     state = attempt.state
-    bad = tuple(n for n in attempt.nodes if node_is_bad(nodes_now.get(n)))
+    lost = tuple(n for n in lost if n in attempt.nodes)
+    bad = tuple(n for n in attempt.nodes if node_is_bad(nodes_now.get(n)) or n in lost)
     named = tuple(sorted({m.group(1) for line in log_lines for m in _NODE_IN_LOG.finditer(line)
                           if m.group(1) in attempt.nodes}))
     suspects = tuple(sorted(set(bad) | set(named)))
@@ -161,9 +173,11 @@ def classify_end(
     why = [f"slurm state {state.value}"]
     if attempt.exit_code is not None:
         why.append(f"exit {attempt.exit_code}:{attempt.signal or 0}")
-    if bad:
+    if lost:
+        why.append("confirmed dead by b300d's checks: " + ", ".join(lost))
+    if shown := [n for n in bad if n in nodes_now]:
         why.append("nodes now " + ", ".join(
-            f"{n} {nodes_now[n].state.lower()} ({nodes_now[n].reason or 'no reason'})" for n in bad))
+            f"{n} {nodes_now[n].state.lower()} ({nodes_now[n].reason or 'no reason'})" for n in shown))
 
     def verdict(outcome: Outcome, resubmit: bool, **kw: object) -> Verdict:
         return Verdict(outcome=outcome, resubmit=resubmit, reasons=tuple(why),
@@ -172,6 +186,9 @@ def classify_end(
     if state is AttemptState.COMPLETED:
         return verdict(Outcome.COMPLETED, False)
     if state is AttemptState.CANCELLED:
+        if lost:
+            why.append("cancelled by b300d: its node is dead (the surviving ranks would hang)")
+            return verdict(Outcome.INFRA, True, suspects=suspects)
         if hang_detected:
             why.append("cancelled by b300d: no progress")
             return verdict(Outcome.HANG, True, implicated=attempt.nodes)
@@ -208,6 +225,21 @@ def classify_end(
             return verdict(Outcome.JOB_ERROR, False)
         if infra_lines:
             waited = (now - (attempt.end or now)) / timedelta(seconds=1)
+            health = {n: (node_health or {}).get(n, "unknown") for n in attempt.nodes}
+            if node_health is not None and all(h != "unknown" for h in health.values()):
+                dead = tuple(n for n, h in health.items() if h == "dead")
+                if dead:
+                    why.append("confirmed dead by b300d's checks: " + ", ".join(dead))
+                    return verdict(Outcome.INFRA, True, suspects=dead)
+                if "undecided" not in health.values() and waited >= detect_window_s:
+                    why.append("infrastructure errors in the log; b300d's checks found every node "
+                               "alive (no node to drain)")
+                    return verdict(Outcome.INFRA, True, implicated=attempt.nodes)
+                if waited < settle_s:
+                    checking = [n for n, h in health.items() if h == "undecided"] or list(health)
+                    why.append("infrastructure errors in the log; b300d is checking "
+                               + ", ".join(checking))
+                    return verdict(Outcome.INFRA, True, wait=True)
             if waited < settle_s:
                 why.append(f"infrastructure errors in the log; waiting up to {settle_s:.0f} s "
                            "for Slurm to show the failed node")

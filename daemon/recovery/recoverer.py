@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 import structlog
@@ -46,6 +46,7 @@ from .classify import (
     retries_used,
 )
 from .exclusions import Exclusion
+from .node_loss import node_lost
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -65,7 +66,12 @@ class Recoverer:
         config: RecoveryConfig,
         *,
         job_log_dir: str | None = None,
+        node_health: Callable[[Sequence[str]], dict[str, str]] | None = None,
+        detect_window_s: float = 0.0,
     ) -> None:
+        # node_health: the daemon's own liveness checks (b300.recovery.node_loss), if on.
+        self._node_health = node_health
+        self._detect_window_s = detect_window_s
         self._store = store
         self._slurm = slurm
         self._actions = actions
@@ -170,13 +176,16 @@ class Recoverer:
                 if e.attempt_id == last.id]
         kinds = {e.kind for e in mine}
         signals = [e for e in mine if e.kind == Kind.CHECKPOINT_SIGNAL]
+        lost = tuple(n for e in mine if e.kind == Kind.ATTEMPT_NODE_LOST for n in node_lost(e.data))
         sent = (SignalSent(signals[-1].ts, str(signals[-1].data.get("signal", "?")),
                            float(signals[-1].data.get("grace_s", 0)))
                 if signals else None)
         return classify_end(
             last, spec, dict(nodes_now), self._log_tail(last, spec),
             cancel_requested=Kind.RUN_CANCEL in kinds, hang_detected=Kind.ATTEMPT_HANG in kinds,
-            now=now, settle_s=self._config.settle_s, signal_sent=sent,
+            now=now, settle_s=self._config.settle_s, signal_sent=sent, lost=lost,
+            node_health=self._node_health(last.nodes) if self._node_health else None,
+            detect_window_s=self._detect_window_s,
         )
 
     def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:

@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from ..errors import SlurmError
-from ..model import JobObservation, NodeObservation, SubmitRequest
+from ..model import JobObservation, NodeAddress, NodeObservation, SubmitRequest
 from .parse import (
     SACCT_FIELDS,
     SINFO_FORMAT,
@@ -213,8 +213,23 @@ class CliSlurmClient:
             argv.append(f"--partition={_word(partition)}")
         return parse_partition_nodes(self._call(argv), partition)
 
+    def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
+        from ..liveness.slurm_addr import parse_node_addresses
+
+        names = [check_node_name(n) for n in nodes]
+        if not names:
+            return {}
+        # -o: one record a line; a hostlist keeps argv short for thousands of nodes.
+        wanted = set(names)
+        found = parse_node_addresses(self._call(["scontrol", "show", "node", "-o", fold_nodes(names)]))
+        return {n: a for n, a in found.items() if n in wanted}
+
     def drain_node(self, node: str, reason: str) -> None:
         self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DRAIN",
+                    f"Reason={normalise_reason(reason)}"])
+
+    def down_node(self, node: str, reason: str) -> None:
+        self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DOWN",
                     f"Reason={normalise_reason(reason)}"])
 
     def resume_node(self, node: str) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 import structlog
 
 from ..errors import SlurmError
-from ..model import JobObservation, NodeObservation, SubmitRequest
+from ..model import JobObservation, NodeAddress, NodeObservation, SubmitRequest
 from .parse import check_node_name, expand_nodes, is_transient, normalise_reason, parse_state
 
 log = structlog.get_logger(__name__)
@@ -409,8 +409,19 @@ class PyslurmClient:
     def partition_nodes(self, partition: str | None) -> list[str]:
         return [str(n) for n in self._request("partition_nodes", partition)]
 
+    def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
+        # pyslurm's Node has an address but not the slurmd port: the command-line tools say both.
+        if self._fallback is not None:
+            found: dict[str, NodeAddress] = self._fallback.node_addresses(nodes)
+            return found
+        raise SlurmError("the pyslurm backend needs the Slurm command-line tools for node addresses",
+                         transient=False)
+
     def drain_node(self, node: str, reason: str) -> None:
         self._request("node_state", check_node_name(node), "DRAIN", normalise_reason(reason))
+
+    def down_node(self, node: str, reason: str) -> None:
+        self._request("node_state", check_node_name(node), "DOWN", normalise_reason(reason))
 
     def resume_node(self, node: str) -> None:
         self._request("node_state", check_node_name(node), "RESUME", "")

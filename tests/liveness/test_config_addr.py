@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from b300.liveness.config import LivenessConfig, load_liveness_config
 from b300.liveness.records import Target
-from b300.liveness.slurm_addr import NodeAddress, parse_node_addresses, targets_for
+from b300.liveness.slurm_addr import parse_node_addresses, targets_for
+from b300.model import NodeAddress
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
