@@ -175,19 +175,18 @@ class ProgressTailer:
             return TailRead(problems=(ReadProblem(0, f"cannot stat: {exc.strerror or exc}"),))
         reset = False
         state = self._state
-        if state is None or (state.dev, state.inode) != (st.st_dev, st.st_ino) or st.st_size < state.offset:
-            old = state
-            state = self._fresh_state(st, first=old is None)
-            # A snapshot file replaced by the next snapshot is how pre-v1 jobs write: no reset.
-            reset = old is not None and not (old.mode == state.mode == "snapshot")
         try:
+            if state is None or (state.dev, state.inode) != (st.st_dev, st.st_ino) or st.st_size < state.offset:
+                old = state
+                state = self._fresh_state(st, first=old is None)
+                # A snapshot file replaced by the next snapshot is how pre-v1 jobs write: no reset.
+                reset = old is not None and not (old.mode == state.mode == "snapshot")
             if state.mode == "snapshot":
                 read = self._read_snapshot(state, st)
             else:
                 read = self._read_lines(state, st.st_size, now)
         except OSError as exc:
-            return TailRead(problems=(ReadProblem(state.offset, f"cannot read: {exc.strerror or exc}"),),
-                            reset=reset)
+            return TailRead(problems=(ReadProblem(0, f"cannot read: {exc.strerror or exc}"),), reset=reset)
         return TailRead(read.records, read.problems, reset=reset)
 
     # -- modes ---------------------------------------------------------------------------
