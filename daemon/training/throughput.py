@@ -9,14 +9,18 @@ a slowdown; a save that never ends is the stall detector's business).
 A drop: the time-weighted mean rate over the last ``sustain`` is below ``below`` times
 the time-weighted median rate of the ``baseline`` before it (so a drop never drags
 its own baseline down), with at least ``min_baseline`` of data in that baseline and
-data reaching back over the whole ``sustain``. A job that stops reporting counts as
-zero progress only once the gap since its last record is ``stall_factor`` times its
-usual gap between records (a job that logs every 5 minutes is not idle 4 minutes
-after its last line). One finding per episode; it ends when the rate recovers.
+data reaching back over the whole ``sustain``, at least half of which was training
+(not saving). A job that stops reporting counts as zero progress only once the
+training time since its last record is ``stall_factor`` times its usual gap between
+records (a job that logs every 5 minutes is not idle 4 minutes after its last line).
+One finding per episode; it ends when the rate recovers. Counters are cumulative, so
+the records are thinned to one per 2% of the shorter window: a job logging every step
+costs the same as one logging every few seconds.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -40,6 +44,7 @@ class ThroughputMonitor:
         self._open: dict[str, float] = {}
         self._pauses: list[tuple[float, float]] = []
         self._in_drop = False
+        self._resolution = min(thresholds.sustain, thresholds.min_baseline) / 50
 
     def observe(self, record: ProgressRecord) -> None:
         if record.rank not in (0, None):
@@ -58,7 +63,12 @@ class ThroughputMonitor:
             self._samples.clear()
         if self._samples and record.time <= self._samples[-1][0]:
             return
-        self._samples.append((record.time, value))
+        # Counters are cumulative, so thinning them loses nothing but resolution: keep one
+        # sample per ``_resolution`` seconds, the newest always last.
+        if len(self._samples) >= 2 and record.time - self._samples[-2][0] < self._resolution:
+            self._samples[-1] = (record.time, value)
+        else:
+            self._samples.append((record.time, value))
 
     def evaluate(self, now: datetime) -> list[Finding]:
         """A finding when a drop starts; nothing while it lasts or when there is too little data."""
@@ -114,33 +124,33 @@ class ThroughputMonitor:
         elif key in self._open:
             self._pauses.append((self._open.pop(key), record.time))
 
-    def _paused(self, a: float, b: float) -> float:
-        """Seconds of [a, b] inside a checkpoint save (overlapping saves counted once)."""
-        spans = sorted([*self._pauses, *((s, b) for s in self._open.values())])
-        total, reach = 0.0, a
-        for s, e in spans:
-            s, e = max(s, reach), min(e, b)
-            if e > s:
-                total += e - s
-                reach = e
-        return total
+    def _merged_pauses(self, now: float) -> list[tuple[float, float]]:
+        """Checkpoint saves as disjoint spans (an open one lasts until ``now``)."""
+        merged: list[tuple[float, float]] = []
+        for s, e in sorted([*self._pauses, *((s, now) for s in self._open.values())]):
+            if merged and s <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+            elif e > s:
+                merged.append((s, e))
+        return merged
 
     def _intervals(self, now: float, *, with_tail: bool) -> list[tuple[float, float, float, float]]:
         """``(start, end, rate, active seconds)`` between consecutive records, and the gap
-        since the last record (rate 0) once it is ``stall_factor`` times the usual gap."""
+        since the last record (rate 0) once its training time (the gap less any save in it)
+        is ``stall_factor`` times the usual gap."""
+        pauses = self._merged_pauses(now)
         out = []
         gaps = []
         for (t0, c0), (t1, c1) in zip(self._samples, self._samples[1:], strict=False):
             gaps.append(t1 - t0)
-            active = (t1 - t0) - self._paused(t0, t1)
+            active = (t1 - t0) - _overlap(pauses, t0, t1)
             if active > 1e-6:
                 out.append((t0, t1, (c1 - c0) / active, active))
-        if with_tail and gaps and self._samples:
+        if with_tail and gaps:
             last = self._samples[-1][0]
-            if now - last > self.thresholds.stall_factor * median(gaps):
-                active = (now - last) - self._paused(last, now)
-                if active > 1e-6:
-                    out.append((last, now, 0.0, active))
+            active = (now - last) - _overlap(pauses, last, now)
+            if active > self.thresholds.stall_factor * median(gaps):
+                out.append((last, now, 0.0, active))
         return out
 
     def _judge(self, now: float) -> tuple[float, float] | None:
@@ -152,6 +162,9 @@ class ThroughputMonitor:
         base = [(rate, w) for rate, w in _weights(intervals, split - th.baseline, split)]
         if sum(w for _, w in base) < th.min_baseline:
             return None
+        recent = _weights(intervals, split, now)
+        if sum(w for _, w in recent) < 0.5 * th.sustain:
+            return None  # mostly saving a checkpoint: too little training time to judge
         current = _mean_rate(intervals, split, now)
         baseline = weighted_median(base)
         if current is None or baseline <= 0:
@@ -164,6 +177,17 @@ class ThroughputMonitor:
         # Keep one record before the horizon: the interval across it still counts.
         self._samples = self._samples[max(0, keep - 1):]
         self._pauses = [p for p in self._pauses if p[1] >= horizon]
+
+
+def _overlap(spans: Sequence[tuple[float, float]], a: float, b: float) -> float:
+    """Seconds of [a, b] inside the disjoint, sorted ``spans``."""
+    start = bisect.bisect_left(spans, (a, a)) - 1
+    total = 0.0
+    for s, e in spans[max(0, start):]:
+        if s >= b:
+            break
+        total += max(0.0, min(e, b) - max(s, a))
+    return total
 
 
 def _counter(record: ProgressRecord, unit: str) -> int | None:
