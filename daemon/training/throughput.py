@@ -4,7 +4,8 @@ Throughput is measured in the best unit the job reports, fixed at its first reco
 tokens, else samples, else steps, from rank 0's records (or records without a rank,
 as Megatron's). Between two consecutive records the rate is the counter's growth over
 the time between them *less the time a checkpoint was being written* (a save is not
-a slowdown; a save that never ends is the stall detector's business).
+a slowdown; a save that never ends is the stall detector's business). A save during
+which the counter kept growing was asynchronous and is not taken off.
 
 A drop: the time-weighted mean rate over the last ``sustain`` is below ``below`` times
 the time-weighted median rate of the ``baseline`` before it (so a drop never drags
@@ -125,9 +126,19 @@ class ThroughputMonitor:
             self._pauses.append((self._open.pop(key), record.time))
 
     def _merged_pauses(self, now: float) -> list[tuple[float, float]]:
-        """Checkpoint saves as disjoint spans (an open one lasts until ``now``)."""
+        """Checkpoint saves that stopped training, as disjoint spans (an open one lasts until
+        ``now``). A save during which the counter still grew was asynchronous: not a pause."""
+        times = [t for t, _ in self._samples]
+        spans = []
+        for s, e in [*self._pauses, *((s, now) for s in self._open.values())]:
+            i = bisect.bisect_right(times, s)
+            before = self._samples[i - 1][1] if i > 0 else None
+            j = bisect.bisect_left(times, e)
+            if before is not None and any(c > before for _, c in self._samples[i:j]):
+                continue
+            spans.append((s, e))
         merged: list[tuple[float, float]] = []
-        for s, e in sorted([*self._pauses, *((s, now) for s in self._open.values())]):
+        for s, e in sorted(spans):
             if merged and s <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], e))
             elif e > s:

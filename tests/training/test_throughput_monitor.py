@@ -154,3 +154,16 @@ def test_state_round_trip_changes_nothing(seed: int, cut_s: float) -> None:
         got += [(t, f) for f in resumed.evaluate(_at(t))]
         t += cycle
     assert got == expected
+
+
+def test_an_asynchronous_save_is_not_taken_off() -> None:
+    """Steps went on while the save ran: the save's time was training time."""
+    monitor = ThroughputMonitor("r", TH)
+    monitor.observe(ProgressRecord(step=0, time=T0, tokens=0))
+    monitor.observe(ProgressRecord(step=10, time=T0 + 10, event=CheckpointEvent.BEGIN, path="/c/10"))
+    for i in range(1, 121):
+        monitor.observe(ProgressRecord(step=i, time=T0 + i, tokens=100 * i))
+        if i == 100:
+            monitor.observe(ProgressRecord(step=i, time=T0 + i, event=CheckpointEvent.END, path="/c/10"))
+    rate = monitor.rate(_at(T0 + 120), 110)
+    assert rate is not None and abs(rate - 100.0) < 1e-6
