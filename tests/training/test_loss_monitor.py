@@ -27,7 +27,7 @@ def healthy_curve(seed: int, n: int, *, sigma: float, a: float = 2.0, b: float =
                   alpha: float = 0.5, stride: int = 1) -> list[tuple[int, float]]:
     """A pre-training loss curve ``a + b (s + 10)^-alpha`` with multiplicative noise of
     relative size ``sigma`` (normal, cut at 4 sigma: real batches have no unbounded tails)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not crypto
     out = []
     for i in range(n):
         step = i * stride

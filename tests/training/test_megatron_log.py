@@ -31,20 +31,20 @@ def megatron_line(*, when: datetime | None, iteration: int, train_iters: int, co
                   throughput: float | None = None, old: bool = False) -> str:
     """``training_log``'s ``log_string``, statement by statement."""
     log_string = f" [{when.strftime('%Y-%m-%d %H:%M:%S.%f')}]" if when is not None else ""
-    log_string += " iteration {:8d}/{:8d} |".format(iteration, train_iters)
-    log_string += " consumed samples: {:12d} |".format(consumed_samples)
+    log_string += f" iteration {iteration:8d}/{train_iters:8d} |"
+    log_string += f" consumed samples: {consumed_samples:12d} |"
     if skipped_train_samples > 0:
-        log_string += " skipped samples: {:12d} |".format(skipped_train_samples)
-    log_string += " elapsed time per iteration (ms): {:.1f} |".format(elapsed_time_per_iteration * 1000.0)
+        log_string += f" skipped samples: {skipped_train_samples:12d} |"
+    log_string += f" elapsed time per iteration (ms): {elapsed_time_per_iteration * 1000.0:.1f} |"
     if throughput is not None:
         log_string += f" throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |"
     if learning_rate is not None:
-        log_string += (" learning rate: {:.3E} |".format(learning_rate) if old
+        log_string += (f" learning rate: {learning_rate:.3E} |" if old
                        else f" learning rate: {learning_rate:.6E} |")
     log_string += f" global batch size: {batch_size:5d} |"
     for key, avg in losses.items():
         if (avg > 0.0) if old else (avg >= 0.0):
-            log_string += " {}: {:.6E} |".format(key, avg)
+            log_string += f" {key}: {avg:.6E} |"
     log_string += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
         log_string += f" grad norm: {grad_norm:.3f} |"
@@ -52,8 +52,8 @@ def megatron_line(*, when: datetime | None, iteration: int, train_iters: int, co
         log_string += f" num zeros: {num_zeros_in_grad} |"
     if params_norm is not None:
         log_string += f" params norm: {params_norm:.3f} |"
-    log_string += " number of skipped iterations: {:3d} |".format(skipped)
-    log_string += " number of nan iterations: {:3d} |".format(nan)
+    log_string += f" number of skipped iterations: {skipped:3d} |"
+    log_string += f" number of nan iterations: {nan:3d} |"
     return log_string
 
 

@@ -91,7 +91,8 @@ def test_garbage_is_a_problem_and_reading_goes_on(tmp_path: Path) -> None:
     _append(path, _line(1) + b"\xff\xfe garbage\n" + b'{"v":1,"step":"x","time":1}\n' + b"\n" + _line(2))
     read = ProgressTailer(str(path)).poll(0)
     assert _steps(read) == [1, 2]
-    assert [p.what.split(":")[0] for p in read.problems] == ["line is not UTF-8", "step must be an integer, got 'x'"]
+    assert [p.what.split(":")[0] for p in read.problems] == [
+        "line is not UTF-8", "step must be an integer, got 'x'"]
     assert read.problems[0].offset == len(_line(1))
 
 
@@ -102,7 +103,8 @@ def test_a_huge_line_is_skipped_across_polls_without_growing_memory(tmp_path: Pa
     assert _steps(tailer.poll(0)) == [1]
     _append(path, b"z" * 20000)
     read = tailer.poll(0)
-    assert read.records == () and len(read.problems) == 1 and "over the 4096-byte limit" in read.problems[0].what
+    assert read.records == () and len(read.problems) == 1
+    assert "over the 4096-byte limit" in read.problems[0].what
     for _ in range(10):  # a 4 KiB read each: the 20 KB line is eaten in a bounded number of polls
         tailer.poll(0)
     _append(path, b'"}\n' + _line(2))

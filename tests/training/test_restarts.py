@@ -79,7 +79,8 @@ def test_a_run_whose_every_attempt_advances_is_never_stopped(rows: list[tuple[st
 
 @given(st.lists(st.tuples(st.sampled_from(["INFRA", "JOB_ERROR", "PREEMPTED"]), st.none() | st.integers(0, 5)),
                 max_size=30), st.integers(1, 6))
-def test_stop_means_k_non_preempted_attempts_without_progress(rows: list[tuple[str, int | None]], k: int) -> None:
+def test_stop_means_k_non_preempted_attempts_without_progress(rows: list[tuple[str, int | None]],
+                                                              k: int) -> None:
     th = RestartLoopThresholds(attempts=k)
     decision = restart_loop_decision(_attempts(*rows), th)
     assert decision.stop == (len(decision.attempts) >= k)

@@ -23,7 +23,7 @@ def step_times(seed: int, hosts: int, steps: int, *, sigma: float, slow: dict[in
     """Per-host own-work times: lognormal jitter ``sigma`` around ``base`` (each host with its
     own small constant offset, as real nodes have), host i ``slow[i]`` times slower from
     ``slow_from``. Hosts report in a shuffled order within each step."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not crypto
     offset = [1 + rng.uniform(-0.05, 0.05) for _ in range(hosts)]
     out = []
     for step in range(steps):
@@ -71,7 +71,8 @@ def test_with_two_hosts_the_slower_one_is_named() -> None:
 
 def test_a_host_that_recovers_is_cleared_and_can_be_found_again() -> None:
     def steps(first: int, last: int, slow_time: float) -> list[ProgressRecord]:
-        return [ProgressRecord(step=s, time=1e9 + s, host=f"gpu{h:02d}", step_time_s=slow_time if h == 1 else 1.0)
+        return [ProgressRecord(step=s, time=1e9 + s, host=f"gpu{h:02d}",
+                               step_time_s=slow_time if h == 1 else 1.0)
                 for s in range(first, last) for h in range(4)]
 
     monitor = StragglerMonitor("r", TH)

@@ -28,7 +28,7 @@ def steady_run(seed: int, duration_s: float, *, step_s: float, jitter: float, to
     """Step records (tokens counted) with uniform jitter on each step's time, a checkpoint
     save every ``ckpt_every_s`` taking ``ckpt_s`` (no steps meanwhile), and from
     ``slow_from`` on every step ``slow_factor`` times slower."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - reproducible test data, not crypto
     t, step, tokens, next_ckpt = T0, 0, 0, (T0 + ckpt_every_s if ckpt_every_s else None)
     out = []
     while t < T0 + duration_s:
@@ -65,7 +65,8 @@ def replay(monitor: ThroughputMonitor, records: list[ProgressRecord], *, until: 
 @given(seed=st.integers(0, 2**32), step_s=st.floats(0.3, 20.0), jitter=st.floats(0.0, 0.4),
        ckpt_every=st.none() | st.floats(600, 3600), ckpt_s=st.floats(0, 600), log_every=st.integers(1, 20))
 def test_a_steady_run_with_jitter_and_checkpoints_raises_nothing(
-        seed: int, step_s: float, jitter: float, ckpt_every: float | None, ckpt_s: float, log_every: int) -> None:
+        seed: int, step_s: float, jitter: float, ckpt_every: float | None, ckpt_s: float,
+        log_every: int) -> None:
     records = steady_run(seed, 2.5 * 3600, step_s=step_s, jitter=jitter, ckpt_every_s=ckpt_every,
                          ckpt_s=ckpt_s, log_every=log_every)
     assert replay(ThroughputMonitor("r", TH), records, until=T0 + 2.5 * 3600, cycle_s=60) == []

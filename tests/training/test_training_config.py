@@ -13,7 +13,6 @@ from b300.errors import ConfigError, SpecError, UsageError
 from b300.training.config import (
     LossSpikeThresholds,
     TrainingConfig,
-    TrainingSpec,
     load_training_config,
     load_training_spec,
 )
@@ -50,7 +49,8 @@ def test_a_whole_table_from_toml() -> None:
     config = load_training_config(doc["training"])
     assert config.rate_window == 120 and config.loss.window == 500 and config.loss.mad_k == 6.0
     assert config.throughput.sustain == 900 and config.throughput.baseline == 7200
-    assert config.checkpoint_stall.timeout == 3600 and config.restart_loop.ignore_outcomes == ("PREEMPTED", "TIMEOUT")
+    assert config.checkpoint_stall.timeout == 3600
+    assert config.restart_loop.ignore_outcomes == ("PREEMPTED", "TIMEOUT")
     assert config.peak.per_gpu == 2.5e15
 
 

@@ -92,7 +92,7 @@ def test_state_round_trip_through_json() -> None:
     copy = TrainingMonitor.from_state("r", THRESHOLDS, json.loads(json.dumps(monitor.to_state())),
                                       attempt_start=T0)
     for m in (monitor, copy):
-        m.observe(records[50:] + [ProgressRecord(step=100, time=T0 + 100, loss=9.0)])
+        m.observe([*records[50:], ProgressRecord(step=100, time=T0 + 100, loss=9.0)])
     assert [f.kind for f in copy.evaluate(_at(T0 + 100))] == [FindingKind.LOSS_SPIKE]
     assert [f.kind for f in monitor.evaluate(_at(T0 + 100))] == [FindingKind.LOSS_SPIKE]
     assert copy.snapshot(_at(T0 + 100)) == monitor.snapshot(_at(T0 + 100))
