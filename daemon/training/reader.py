@@ -181,6 +181,10 @@ class ProgressTailer:
                 state = self._fresh_state(st, first=old is None)
                 # A snapshot file replaced by the next snapshot is how pre-v1 jobs write: no reset.
                 reset = old is not None and not (old.mode == state.mode == "snapshot")
+            elif state.mode == "lines" and state.offset == 0 and not state.skipping:
+                # Nothing taken from this file yet (it was empty): it may still turn out to
+                # be a pre-v1 snapshot, rewritten in place.
+                state = self._fresh_state(st, first=False)
             if state.mode == "snapshot":
                 read = self._read_snapshot(state, st)
             else:

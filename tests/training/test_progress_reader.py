@@ -145,6 +145,19 @@ def test_a_legacy_file_rewritten_in_place_is_read_as_a_snapshot(tmp_path: Path) 
     assert _steps(tailer.poll(0)) == [13]
 
 
+def test_a_legacy_file_first_seen_empty_is_still_a_snapshot(tmp_path: Path) -> None:
+    """An in-place writer truncates, then writes: the first poll may see an empty file."""
+    path = tmp_path / "progress.json"
+    path.write_bytes(b"")
+    tailer = ProgressTailer(str(path))
+    assert tailer.poll(0).records == ()
+    path.write_text('{"step": 5}')
+    assert _steps(tailer.poll(0)) == [5]
+    path.write_text('{"step": 6}')
+    os.utime(path, ns=(1_700_000_009_000_000_000,) * 2)
+    assert _steps(tailer.poll(0)) == [6]
+
+
 def test_a_legacy_file_replaced_each_step_is_no_reset(tmp_path: Path) -> None:
     """tests/workload/train.py's way: json.dumps to a temp file, then os.replace."""
     path = tmp_path / "progress.json"
