@@ -8,9 +8,18 @@ SQLModel rows to and from these at its boundary; the Slurm layer produces
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+#: A node name as Slurm allows it and as we let it near anything (it never reaches a
+#: shell, but it does reach argv, logs, events and drain reasons). The one rule.
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def is_node_name(text: object) -> bool:
+    return isinstance(text, str) and NODE_NAME_RE.fullmatch(text) is not None
 
 
 class SlurmState(enum.StrEnum):

@@ -8,14 +8,13 @@ line naming the field, exit code 2; it never reaches the daemon's parts.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import UsageError
+from ..model import is_node_name
 
-_NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 Text = Annotated[str, Field(max_length=1 << 20)]
 
 
@@ -64,7 +63,7 @@ class NodeResume(_Request):
     @field_validator("node")
     @classmethod
     def _node_name(cls, value: str) -> str:
-        if not _NODE_RE.fullmatch(value):
+        if not is_node_name(value):
             raise ValueError(f"bad node name {value!r}")
         return value
 

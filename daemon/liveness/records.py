@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import re
 from dataclasses import dataclass
 from datetime import datetime
 
-# The node names Slurm allows that we let near anything: the same pattern as
-# b300.slurm.parse.check_node_name (a name never reaches a shell, but it does
-# reach logs, events and drain reasons).
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+from ..model import is_node_name
 
 
 def check_node(node: str) -> str:
     """``node`` when it is a plain Slurm node name, else ValueError naming it."""
-    if not isinstance(node, str) or not _NODE_NAME.fullmatch(node):
+    if not is_node_name(node):
         raise ValueError(f"bad node name {node!r}")
     return node
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from ClusterShell.NodeSet import NodeSet, NodeSetException
 
 from ..errors import SlurmError
-from ..model import JobObservation, NodeObservation, SlurmState
+from ..model import JobObservation, NodeObservation, SlurmState, is_node_name
 
 # squeue -o: job id, state, node list, restart count is not offered by squeue,
 # so it is not asked for; job name and reason last because they are free text.
@@ -25,7 +25,6 @@ SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Start,End,JobName,Reason"
 SINFO_FORMAT = "%N|%T|%E"
 
 _JOB_ID_RE = re.compile(r"\d{1,12}")
-_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Phrases of Slurm (its tools' stderr, libslurm's error strings, pyslurm's own
 # messages) that mean "try again later", not "refused".
 _TRANSIENT = re.compile(
@@ -59,7 +58,7 @@ def is_transient(message: str) -> bool:
 
 def check_node_name(node: str) -> str:
     """``node`` itself when it is a plain node name; SlurmError (not transient) otherwise."""
-    if not _NODE_NAME_RE.fullmatch(node):
+    if not is_node_name(node):
         raise SlurmError(f"bad node name {node!r}", transient=False)
     return node
 
@@ -212,7 +211,7 @@ def parse_sinfo(stdout: str) -> tuple[list[NodeObservation], list[str]]:
             bad.append(line)
             continue
         name, state, reason = (p.strip() for p in parts)
-        if not _NODE_NAME_RE.fullmatch(name) or not state:
+        if not is_node_name(name) or not state:
             bad.append(line)
             continue
         flags = tuple(ch for ch in state if ch in "*~#!%$@^-")
