@@ -1,19 +1,36 @@
-"""A Prometheus text endpoint (``[metrics] listen``) for the platform team's Grafana.
+"""Prometheus metrics (``[metrics] listen``) for the platform team's Grafana.
 
-Every scrape reads the store (a handful of small queries) and the daemon's own
-cycle statistics; :func:`render_metrics` is pure, the HTTP server a thin edge.
-Only GET /metrics is served, on the configured address (127.0.0.1 by default).
+Three parts, from pure to I/O:
+
+- :func:`collect_metrics` reads a :class:`MetricsSnapshot` from the store (a handful of
+  small queries; a store error gives ``b300_store_up 0``, never an error page);
+- :func:`metric_families` turns a snapshot into prometheus_client metric families (pure);
+  :class:`SnapshotCollector` does that for every scrape, on a registry of its own
+  (:func:`metrics_registry`: never prometheus_client's global default registry);
+- :class:`MetricsServer` serves prometheus_client's WSGI app, which writes the exposition
+  format (text 0.0.4, or OpenMetrics when the scraper asks for it), on the configured
+  address (127.0.0.1 by default), in a daemon thread that :meth:`MetricsServer.stop` ends.
+
+Only ``GET /metrics`` is served: prometheus_client's own app answers every path with the
+metrics (and OPTIONS, and ``/favicon.ico``); here any other path is 404 and any other
+method 405, so a mistyped scrape target fails loudly instead of working by accident.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import BaseRequestHandler
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import structlog
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from .checkpoints.advice import RunSchedule, stored_run_schedule
 from .checkpoints.schedule import HISTORY
@@ -26,11 +43,13 @@ from .report.compute import RunInput, checkpoint_figures
 from .spec import parse_spec
 
 log = structlog.get_logger(__name__)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PATH = "/metrics"
 
 
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
+    """What one scrape exports; built by :func:`collect_metrics` (and the daemon's counters)."""
+
     cycle: CycleSnapshot
     store_up: bool = True
     runs_by_state: dict[str, int] = field(default_factory=dict)
@@ -45,64 +64,111 @@ class MetricsSnapshot:
     checkpoint_schedule: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+#: The per-run schedule gauges: (key in ``checkpoint_schedule``, metric name, HELP).
+_SCHEDULE_GAUGES = (
+    ("interval_s", "b300_checkpoint_interval_seconds", "the spec's checkpoint interval per run"),
+    ("overdue", "b300_checkpoint_overdue", "1 while the run's newest checkpoint is older than its interval"),
+    ("young_daly_s", "b300_checkpoint_young_daly_seconds",
+     "Young/Daly interval sqrt(2 * save time * MTBF) per run (absent until both are known)"),
+    ("save_s", "b300_checkpoint_save_seconds",
+     "median save time of the run's newest checkpoints (first file to last), a Young/Daly input"),
+    ("mtbf_s", "b300_checkpoint_mtbf_seconds",
+     "time between infrastructure failures for the run's node count, a Young/Daly input"),
+)
+
+
+def _gauge(name: str, help: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help, value=value)
+
+
+def _counter(name: str, help: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help, value=value)
+
+
+def _per_run(name: str, help: str, values: Iterable[tuple[str, float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help, labels=["run"])
+    for run, value in values:
+        family.add_metric([run], value)
+    return family
+
+
+def metric_families(m: MetricsSnapshot) -> list[Metric]:
+    """Every metric family of a snapshot, in a fixed order (pure).
+
+    Per-run families are exported even without samples (HELP and TYPE only), so a
+    dashboard finds every name; ``b300_drift_findings_open`` only with a ``[drift]``
+    section, the cycle duration and timestamp only after a first cycle.
+    """
+    out: list[Metric] = [
+        _gauge("b300_daemon_up", "1 while b300d runs (this endpoint answers)", 1),
+        _gauge("b300_store_up", "1 if the state store answered this scrape", int(m.store_up)),
+    ]
+    runs = GaugeMetricFamily("b300_runs", "runs by state", labels=["state"])
+    for state in RunState:
+        runs.add_metric([state.value], m.runs_by_state.get(state.value, 0))
+    out += [runs,
+            _counter("b300_recoveries_total", "automatic resubmissions by recovery", m.recoveries_total),
+            _gauge("b300_nodes_drained", "nodes in a DRAIN state as last seen", m.nodes_drained)]
+    if m.drift_findings_open is not None:
+        out.append(_gauge("b300_drift_findings_open", "open version drift findings", m.drift_findings_open))
+    out.append(_per_run("b300_checkpoint_newest_age_seconds", "age of the newest complete checkpoint per run",
+                        ((r, round(v, 3)) for r, v in sorted(m.checkpoint_age_s.items()))))
+    schedules = sorted(m.checkpoint_schedule.items())
+    out += [_per_run(name, help, ((r, round(v[key], 3)) for r, v in schedules if key in v))
+            for key, name, help in _SCHEDULE_GAUGES]
+    out += [
+        _per_run("b300_replication_lag_seconds",
+                 "age of the oldest checkpoint not yet on every replica target (0: all replicated)",
+                 ((r, round(v, 3)) for r, v in sorted(m.replication_lag_s.items()))),
+        _gauge("b300_accounting_up", "1 if Slurm accounting (sacct/slurmdbd) answered when last asked",
+               int(m.accounting_up)),
+        _counter("b300_accounting_failures_total", "poll cycles whose accounting query (sacct) failed",
+                 m.accounting_failures_total),
+    ]
+    c = m.cycle
+    out += [_counter("b300_cycles_total", "poll cycles run", c.cycles_total),
+            _counter("b300_cycle_failures_total", "poll cycles that failed", c.failures_total),
+            _counter("b300_cycle_overruns_total", "poll cycles that outlived the poll interval",
+                     c.overruns_total)]
+    if c.last_duration_s is not None:
+        out.append(_gauge("b300_cycle_duration_seconds", "wall time of the last poll cycle",
+                          round(c.last_duration_s, 6)))
+    if c.last_end_unix is not None:
+        out.append(_gauge("b300_last_cycle_timestamp", "unix time the last poll cycle ended",
+                          round(c.last_end_unix, 3)))
+    return out
+
+
+#: A snapshot with every optional family present: what :meth:`SnapshotCollector.describe` names.
+_EVERY_FAMILY = MetricsSnapshot(cycle=CycleSnapshot(0, 0, 0.0, 0.0, None), drift_findings_open=0)
+
+
+class SnapshotCollector(Collector):
+    """A prometheus_client collector that takes a fresh snapshot on every scrape."""
+
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family this collector can export, without reading the store: the registry
+        learns the names from it (a scrape's ``?name[]=`` filter, duplicate checks)."""
+        yield from metric_families(_EVERY_FAMILY)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from metric_families(self._snapshot())
+
+
+def metrics_registry(snapshot: Callable[[], MetricsSnapshot]) -> CollectorRegistry:
+    """A registry of its own holding only :class:`SnapshotCollector` (no process or GC
+    metrics, no global state); ``snapshot`` is called once per scrape, not at registration."""
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(snapshot))
+    return registry
 
 
 def render_metrics(m: MetricsSnapshot) -> str:
-    """The Prometheus text exposition format (0.0.4) of a snapshot."""
-    out: list[str] = []
-
-    def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
-        out.append(f"# HELP {name} {help}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{labels} {value:g}" if float(value).is_integer() else f"{name}{labels} {value!r}"
-                   for labels, value in samples)
-
-    metric("b300_daemon_up", "gauge", "1 while b300d runs (this endpoint answers)", [("", 1)])
-    metric("b300_store_up", "gauge", "1 if the state store answered this scrape", [("", int(m.store_up))])
-    metric("b300_runs", "gauge", "runs by state",
-           [(f'{{state="{s.value}"}}', m.runs_by_state.get(s.value, 0)) for s in RunState])
-    metric("b300_recoveries_total", "counter", "automatic resubmissions by recovery",
-           [("", m.recoveries_total)])
-    metric("b300_nodes_drained", "gauge", "nodes in a DRAIN state as last seen", [("", m.nodes_drained)])
-    if m.drift_findings_open is not None:
-        metric("b300_drift_findings_open", "gauge", "open version drift findings",
-               [("", m.drift_findings_open)])
-    metric("b300_checkpoint_newest_age_seconds", "gauge", "age of the newest complete checkpoint per run",
-           [(f'{{run="{_label(r)}"}}', round(v, 3)) for r, v in sorted(m.checkpoint_age_s.items())])
-    sched = sorted(m.checkpoint_schedule.items())
-    for key, name, help in (
-            ("interval_s", "b300_checkpoint_interval_seconds", "the spec's checkpoint interval per run"),
-            ("overdue", "b300_checkpoint_overdue",
-             "1 while the run's newest checkpoint is older than its interval"),
-            ("young_daly_s", "b300_checkpoint_young_daly_seconds",
-             "Young/Daly interval sqrt(2 * save time * MTBF) per run (absent until both are known)"),
-            ("save_s", "b300_checkpoint_save_seconds",
-             "median save time of the run's newest checkpoints (first file to last), a Young/Daly input"),
-            ("mtbf_s", "b300_checkpoint_mtbf_seconds",
-             "time between infrastructure failures for the run's node count, a Young/Daly input")):
-        metric(name, "gauge", help,
-               [(f'{{run="{_label(r)}"}}', round(v[key], 3)) for r, v in sched if key in v])
-    metric("b300_replication_lag_seconds", "gauge",
-           "age of the oldest checkpoint not yet on every replica target (0: all replicated)",
-           [(f'{{run="{_label(r)}"}}', round(v, 3)) for r, v in sorted(m.replication_lag_s.items())])
-    metric("b300_accounting_up", "gauge",
-           "1 if Slurm accounting (sacct/slurmdbd) answered when last asked", [("", int(m.accounting_up))])
-    metric("b300_accounting_failures_total", "counter",
-           "poll cycles whose accounting query (sacct) failed", [("", m.accounting_failures_total)])
-    c = m.cycle
-    metric("b300_cycles_total", "counter", "poll cycles run", [("", c.cycles_total)])
-    metric("b300_cycle_failures_total", "counter", "poll cycles that failed", [("", c.failures_total)])
-    metric("b300_cycle_overruns_total", "counter", "poll cycles that outlived the poll interval",
-           [("", c.overruns_total)])
-    if c.last_duration_s is not None:
-        metric("b300_cycle_duration_seconds", "gauge", "wall time of the last poll cycle",
-               [("", round(c.last_duration_s, 6))])
-    if c.last_end_unix is not None:
-        metric("b300_last_cycle_timestamp", "gauge", "unix time the last poll cycle ended",
-               [("", round(c.last_end_unix, 3))])
-    return "\n".join(out) + "\n"
+    """The Prometheus text exposition format (0.0.4) of one snapshot, as a scrape gets it."""
+    return generate_latest(metrics_registry(lambda: m)).decode()
 
 
 def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> MetricsSnapshot:
@@ -158,38 +224,66 @@ def _schedule_figures(s: RunSchedule) -> dict[str, float]:
     return out
 
 
+_WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _metrics_only(app: _WSGIApp) -> _WSGIApp:
+    """``app`` for ``GET /metrics``; 404 elsewhere, 405 for other methods, and 500 (logged
+    with its traceback) when taking the snapshot fails in a way the store does not catch."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"only /metrics here\n"]
+        if environ.get("REQUEST_METHOD") != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "GET"),
+                                                      ("Content-Type", "text/plain; charset=utf-8")])
+            return [b"only GET /metrics\n"]
+        try:
+            return app(environ, start_response)
+        except Exception:  # a scrape must never take the daemon down
+            log.exception("metrics.crashed")
+            start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"metrics failed; see the b300d log\n"]
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics.request", line=format % args)
+
+
+class _Server(ThreadingWSGIServer):
+    """prometheus_client's threading WSGI server, on the address family of the host
+    (``::1`` works as well as ``127.0.0.1``)."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseRequestHandler]) -> None:
+        infos = socket.getaddrinfo(address[0], address[1], type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        self.address_family = infos[0][0]
+        super().__init__(address, handler)
+
+
 class MetricsServer:
-    """Serves ``GET /metrics`` from ``snapshot()`` in a daemon thread."""
+    """Serves ``GET /metrics`` from ``snapshot()`` (called once per scrape) in a daemon thread.
+
+    Binds in the constructor (an ``OSError`` when the address is taken or unknown), so
+    ``address`` is the real one (port 0: any free port); :meth:`start` serves,
+    :meth:`stop` stops serving and closes the socket.
+    """
 
     def __init__(self, host: str, port: int, snapshot: Callable[[], MetricsSnapshot]) -> None:
-        class _Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics here")
-                    return
-                try:
-                    body = render_metrics(snapshot()).encode()
-                except Exception:  # a scrape must never take the daemon down
-                    log.exception("metrics.crashed")
-                    self.send_error(500)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                log.debug("metrics.request", line=format % args)
-
-        self._server = ThreadingHTTPServer((host, port), _Handler)
-        self._server.daemon_threads = True
-        self.address = self._server.server_address
+        app = _metrics_only(make_wsgi_app(metrics_registry(snapshot)))
+        self._server = make_server(host, port, app, server_class=_Server, handler_class=_QuietHandler)
+        bound = self._server.server_address
+        self.address = (str(bound[0]), int(bound[1]))
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=10)
         self._server.server_close()

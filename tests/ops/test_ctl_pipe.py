@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from b300.health import CycleHealth
 from b300.interfaces import NewEvent
 from b300.metrics import MetricsSnapshot, render_metrics
@@ -46,4 +48,6 @@ def test_an_overrunning_cycle_is_counted_and_exported() -> None:
     snap = health.snapshot()
     assert snap.overruns_total == 2
     text = render_metrics(MetricsSnapshot(cycle=snap))
-    assert "b300_cycle_overruns_total 2" in text
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "b300_cycle_overruns"]
+    assert family.type == "counter" and [(s.name, s.value) for s in family.samples] == [
+        ("b300_cycle_overruns_total", 2)]
