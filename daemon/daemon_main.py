@@ -18,6 +18,7 @@ from .errors import B300Error, ConfigError, SlurmError, one_line
 from .lease import DbLease, FileLease
 from .logs import configure_logging
 from .permissions import check_not_writable_by_others
+from .plugin_registry import PluginRegistry
 from .slurm import make_slurm_client
 from .slurm.release import SlurmRelease, check_release, parse_release, record_release
 from .store import create_engine, open_store
@@ -76,8 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         file_lease = FileLease(cfg.state_dir)
         file_lease.acquire(threading.Event())
         store = open_store(cfg.database_url)
+        plugins = PluginRegistry()  # every plugin group, loaded once for the daemon's life
         slurm = make_slurm_client(cfg.slurm_backend, slurm_conf=cfg.slurm_conf,
-                                  bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s)
+                                  bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s, plugins=plugins)
         _check_slurm_release(slurm, cfg.state_dir)
         # The lease has its own engine and short timeouts (b300.lease): a renewal
         # must neither wait behind the store's calls nor outlive a fraction of the TTL.
@@ -87,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       connect_timeout_s=max(2, int(call_timeout)), pool_size=1,
                                       application_name="b300d-lease"),
                         cfg.lease_name, ttl_s=cfg.lease_ttl_s, call_timeout_s=call_timeout)
-        daemon = build_daemon(cfg, store, slurm, lease=lease)
+        daemon = build_daemon(cfg, store, slurm, plugins=plugins, lease=lease)
         if args.once:
             if not lease.try_acquire():
                 raise ConfigError("another b300d is active (it holds the lease); --once not run")

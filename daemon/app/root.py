@@ -28,6 +28,7 @@ from ..health import CycleHealth
 from ..interfaces import SlurmClient, Store
 from ..lease import DbLease
 from ..logs import configure_logging
+from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
 from ..recovery.recoverer import Recoverer
@@ -54,9 +55,11 @@ class _Current:
 
 
 def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
+                 plugins: PluginRegistry,
                  lease: DbLease | None = None,
                  clock: Callable[[], datetime] | None = None) -> Daemon:
-    """Every part of b300d for ``config``, on ``store`` and ``slurm``, wired together."""
+    """Every part of b300d for ``config``, on ``store`` and ``slurm``, wired together; the
+    plugin groups come from ``plugins`` (the one registry of the daemon's life)."""
     clock = clock or (lambda: datetime.now(UTC))
     current = _Current(config)
     lifetime = Lifetime(lease)
@@ -65,7 +68,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     fence = Fence(lease, on_fenced=lifetime.lease_lost)
     if lease is not None:
         slurm = FencedSlurm(slurm, fence)
-    drift = make_drift_watch(config.drift, store, slurm, lock, clock)
+    drift = make_drift_watch(config.drift, store, slurm, lock, clock, plugins)
     recovery_on = config.recovery.enabled
     recoverer: Recoverer | None = None
     actions = RunActions(store, slurm, clock, submit_grace_s=config.submit_grace_s,
@@ -131,11 +134,12 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         config=config, store=store, slurm=slurm, lifetime=lifetime, lock=lock, clock=clock,
         scheduler=scheduler, cycles=cycles,
         checkpoint_pass=CheckpointPass(
-            store, store.checkpoints, slurm, clock, allow_signals=config.checkpoints.allow_signals,
+            store, store.checkpoints, slurm, clock, plugins=plugins,
+            allow_signals=config.checkpoints.allow_signals,
             signal_grace_s=config.checkpoints.signal_grace_s,
             manifests_per_pass=config.checkpoints.manifests_per_pass),
         checkpoint_upkeep=CheckpointUpkeep(
-            store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
+            store, store.checkpoints, config.checkpoints, clock, action_lock=lock, plugins=plugins,
             stopping=lifetime.stopping, fence=fence.check),
         drift=drift, operations=operations, router=router, node_loss=node_loss,
         reloader=ConfigReloader(config.path, current.get, apply, store, clock),

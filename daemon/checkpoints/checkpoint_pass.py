@@ -25,8 +25,9 @@ import structlog
 
 from ..errors import B300Error
 from ..events import SCHEDULE
-from ..interfaces import CheckpointRepository, SlurmClient, Store
+from ..interfaces import CheckpointLayout, CheckpointRepository, SlurmClient, Store
 from ..model import Run, RunState
+from ..plugin_registry import PluginRegistry
 from ..spec import parse_spec
 from .layouts import load_layout
 from .manifest import ensure_manifest, read_manifest, verify
@@ -53,17 +54,22 @@ class CheckpointPass:
         slurm: SlurmClient,
         clock: Callable[[], datetime],
         *,
+        plugins: PluginRegistry,
         allow_signals: bool = True,
         signal_grace_s: float = 300.0,
         manifests_per_pass: int = 2,
     ) -> None:
         self._store = store
+        self._plugins = plugins
         self._checkpoints = checkpoints
         self._clock = clock
         self._per_pass = manifests_per_pass
-        self._watcher = ScheduleEnforcer(slurm, load_layout, allow_signals=allow_signals,
+        self._watcher = ScheduleEnforcer(slurm, self._layout, allow_signals=allow_signals,
                                           signal_grace_s=signal_grace_s)
         self._restored = False
+
+    def _layout(self, name: str) -> CheckpointLayout:
+        return load_layout(name, self._plugins)
 
     def run_once(self) -> None:
         """One pass; failures are logged, never raised into the scheduler."""
@@ -84,7 +90,7 @@ class CheckpointPass:
         root = spec.checkpoint.dir
         if not root:
             return
-        found = load_layout(spec.checkpoint.layout).list_checkpoints(root)
+        found = self._layout(spec.checkpoint.layout).list_checkpoints(root)
         self._checkpoints.record_listing(run.id, found, self._clock())
         verdicts = {c.info.path: c.verified for c in self._checkpoints.checkpoints(run.id)}
         made = 0

@@ -1,60 +1,33 @@
-"""Finding checkpoint layouts: plugins in the entry-point group ``b300.checkpoint_layouts``."""
+"""Finding checkpoint layouts (plugins in the entry-point group ``b300.checkpoint_layouts``,
+loaded by :class:`b300.plugin_registry.PluginRegistry`), and recognising a folder's layout."""
 
 from __future__ import annotations
 
 import os
 import re
-from importlib.metadata import EntryPoint, entry_points
+from collections.abc import Mapping
 
-import structlog
-
-from ..errors import UsageError
 from ..interfaces import CheckpointLayout
+from ..plugin_registry import CHECKPOINT_LAYOUTS, PluginRegistry
 from .walk import real_root, top_entries
 
-log = structlog.get_logger(__name__)
 
-GROUP = "b300.checkpoint_layouts"
-
-
-def available_layouts() -> dict[str, CheckpointLayout]:
+def available_layouts(plugins: PluginRegistry | None = None) -> Mapping[str, CheckpointLayout]:
     """Every layout plugin that loads and fits the protocol, by entry-point name.
 
-    A plugin that fails to import, to construct, or does not implement
-    :class:`CheckpointLayout` is logged and skipped; it never raises here.
+    ``plugins`` is the caller's registry (the daemon's); without one a fresh registry
+    loads the group. A plugin that fails is logged and skipped (b300.plugin_registry).
     """
-    layouts: dict[str, CheckpointLayout] = {}
-    for ep in entry_points(group=GROUP):
-        layout = _load(ep.name, ep)
-        if layout is not None:
-            layouts.setdefault(ep.name, layout)
-    return layouts
+    return (plugins or PluginRegistry()).plugins(CHECKPOINT_LAYOUTS)
 
 
-def load_layout(name: str) -> CheckpointLayout:
+def load_layout(name: str, plugins: PluginRegistry | None = None) -> CheckpointLayout:
     """The layout plugin registered as ``name`` (a spec's ``[checkpoint] layout``).
 
-    Raises UsageError when no plugin of that name loads (the message lists those that do).
+    Raises UsageError when no plugin of that name loaded (the message lists those that
+    did, or says why that one did not).
     """
-    for ep in entry_points(group=GROUP, name=name):
-        layout = _load(name, ep)
-        if layout is not None:
-            return layout
-    known = ", ".join(sorted(available_layouts())) or "none"
-    raise UsageError(f"unknown checkpoint layout {name!r} (available: {known})")
-
-
-def _load(name: str, ep: EntryPoint) -> CheckpointLayout | None:
-    try:
-        factory = ep.load()
-        layout = factory()
-    except Exception as exc:  # a third-party plugin may raise anything
-        log.warning("checkpoint.layout_plugin_failed", plugin=name, error=f"{type(exc).__name__}: {exc}")
-        return None
-    if not isinstance(layout, CheckpointLayout):
-        log.warning("checkpoint.layout_plugin_invalid", plugin=name, why="does not implement CheckpointLayout")
-        return None
-    return layout
+    return (plugins or PluginRegistry()).get(CHECKPOINT_LAYOUTS, name)
 
 
 #: When two formats are equally likely, the first named here wins.

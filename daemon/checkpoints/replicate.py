@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from importlib.metadata import entry_points
 from typing import Any
 
 import structlog
@@ -36,11 +35,11 @@ from ..errors import UsageError
 from ..faults import crashpoint
 from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget, SentDigests
 from ..model import CheckpointInfo
+from ..plugin_registry import REPLICATION_TARGETS, PluginRegistry
 from .manifest import Manifest, ManifestEntry, write_manifest
 
 log = structlog.get_logger(__name__)
 
-GROUP = "b300.replication_targets"
 _HASH_CHUNK = 4 << 20
 
 
@@ -249,27 +248,20 @@ def _verify_remote(
     return [e for e, bad in zip(entries, flags, strict=True) if bad]
 
 
-def load_target(kind: str, options: Mapping[str, Any]) -> ReplicationTarget:
+def load_target(kind: str, options: Mapping[str, Any],
+                plugins: PluginRegistry | None = None) -> ReplicationTarget:
     """Build the replication target plugin registered as ``kind`` with ``options``.
 
-    A plugin that fails to import is logged and skipped; an unknown kind, or
-    options the plugin refuses, raise UsageError.
+    ``plugins`` is the caller's registry (the daemon's); without one a fresh registry
+    loads the group. A plugin that failed to load was logged and skipped
+    (b300.plugin_registry); an unknown or skipped kind, options the plugin refuses, or
+    an object that is not a ReplicationTarget raise UsageError.
     """
-    for ep in entry_points(group=GROUP, name=kind):
-        try:
-            factory = ep.load()
-        except Exception as exc:  # a third-party plugin may raise anything on import
-            log.warning("replication.plugin_failed", plugin=kind, error=f"{type(exc).__name__}: {exc}")
-            continue
-        try:
-            target = factory(**options)
-        except TypeError as exc:
-            raise UsageError(f"replication target {kind!r}: {exc}") from None
-        if not isinstance(target, ReplicationTarget):
-            log.warning("replication.plugin_invalid", plugin=kind)
-            continue
-        return target
-    raise UsageError(f"unknown replication target kind {kind!r}")
+    factory = (plugins or PluginRegistry()).get(REPLICATION_TARGETS, kind)
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise UsageError(f"replication target {kind!r}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

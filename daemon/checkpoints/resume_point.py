@@ -11,15 +11,18 @@ import os
 
 from ..errors import UsageError
 from ..model import CheckpointInfo
+from ..plugin_registry import PluginRegistry
 from ..spec import JobSpec
 from .layouts import load_layout
 from .manifest import read_manifest, verify
 from .resume import choose_resume
 
 
-def newest_verified(spec: JobSpec) -> tuple[str | None, list[dict[str, object]]]:
+def newest_verified(spec: JobSpec, plugins: PluginRegistry | None = None
+                    ) -> tuple[str | None, list[dict[str, object]]]:
     """The newest complete checkpoint whose manifest (if made yet) verifies, and what
-    was looked at on the way (``{"path", "ok", "why"}`` each, for the event log)."""
+    was looked at on the way (``{"path", "ok", "why"}`` each, for the event log).
+    ``plugins``: the caller's registry (without one, a fresh one finds the layout)."""
     if not spec.checkpoint.dir:
         return None, []
     root = spec.checkpoint.dir
@@ -33,7 +36,7 @@ def newest_verified(spec: JobSpec) -> tuple[str | None, list[dict[str, object]]]
         checked.append({"path": ckpt.path, "ok": result.ok, "why": "; ".join(result.problems[:3])})
         return result.ok
 
-    found = load_layout(spec.checkpoint.layout).list_checkpoints(root)
+    found = load_layout(spec.checkpoint.layout, plugins).list_checkpoints(root)
     for ckpt in found:
         if not ckpt.complete:
             checked.append({"path": ckpt.path, "ok": False, "why": ckpt.why_incomplete})
@@ -41,10 +44,12 @@ def newest_verified(spec: JobSpec) -> tuple[str | None, list[dict[str, object]]]
     return (choice.path if choice else None), checked
 
 
-def check_resume_path(spec: JobSpec, run_id: str, path: str, *, force: bool) -> None:
+def check_resume_path(spec: JobSpec, run_id: str, path: str, *, force: bool,
+                      plugins: PluginRegistry | None = None) -> None:
     """Refuse (UsageError, one line) a ``--from-checkpoint`` path that is not a complete
     checkpoint of the run's layout under its checkpoint folder, or whose manifest (when
-    it has one) does not verify. ``force`` skips those checks, never the existence one."""
+    it has one) does not verify. ``force`` skips those checks, never the existence one.
+    ``plugins``: the caller's registry (without one, a fresh one finds the layout)."""
     if not os.path.exists(path):
         raise UsageError(f"--from-checkpoint {path}: no such file or directory")
     if force:
@@ -56,7 +61,7 @@ def check_resume_path(spec: JobSpec, run_id: str, path: str, *, force: bool) -> 
                          f"to check it against{hint}")
     layout = spec.checkpoint.layout
     real = os.path.realpath(path)
-    match = [c for c in load_layout(layout).list_checkpoints(root)
+    match = [c for c in load_layout(layout, plugins).list_checkpoints(root)
              if os.path.realpath(c.path) == real]
     if not match:
         raise UsageError(f"--from-checkpoint {path}: not a checkpoint of run {run_id} "

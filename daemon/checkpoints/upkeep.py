@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from datetime import datetime
-from typing import Any
 
 import structlog
 
@@ -40,6 +39,7 @@ from ..errors import B300Error
 from ..events import Kind
 from ..interfaces import CheckpointRepository, NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
+from ..plugin_registry import PluginRegistry
 from ..spec import parse_spec
 from .checkpoint_pass import runs_to_look_after
 from .config import CheckpointsConfig, TargetConfig
@@ -52,7 +52,6 @@ from .resume import pending_resumes
 from .retention import PrunePlan, plan_prune
 
 log = structlog.get_logger(__name__)
-TargetFactory = Callable[[str, Mapping[str, Any]], ReplicationTarget]
 
 
 class CheckpointUpkeep:
@@ -66,8 +65,8 @@ class CheckpointUpkeep:
         clock: Callable[[], datetime],
         *,
         action_lock: threading.Lock,
+        plugins: PluginRegistry,
         stopping: Callable[[], bool] = lambda: False,
-        target_factory: TargetFactory = load_target,
         fence: Callable[[str], None] = lambda _action: None,
     ) -> None:
         # Proves the lease before every delete and copy (b300.fence); raises if it cannot.
@@ -78,7 +77,7 @@ class CheckpointUpkeep:
         self._clock = clock
         self._lock = action_lock
         self._stopping = stopping
-        self._factory = target_factory
+        self._plugins = plugins
         self._down: set[tuple[str, str]] = set()  # (run, target) known to be unreachable
 
     def run_once(self) -> None:
@@ -113,7 +112,7 @@ class CheckpointUpkeep:
         leftovers = finish_interrupted_deletes(root)
         if leftovers:
             log.info("checkpoints.finished_interrupted_delete", run=run.id, paths=list(leftovers))
-        found = load_layout(spec.checkpoint.layout).list_checkpoints(root)
+        found = load_layout(spec.checkpoint.layout, self._plugins).list_checkpoints(root)
         self._checkpoints.record_listing(run.id, found, self._clock())
         with ExitStack() as stack:
             targets = {t.name: self._open(run.id, t, stack) for t in self._cfg.targets}
@@ -133,7 +132,7 @@ class CheckpointUpkeep:
     def _open(self, run_id: str, t: TargetConfig, stack: ExitStack) -> ReplicationTarget | None:
         key = (run_id, t.name)
         try:
-            target = self._factory(t.kind, t.options_for(run_id))
+            target = load_target(t.kind, t.options_for(run_id), self._plugins)
         except Exception as exc:  # a plugin's connect may raise anything (socket, auth, botocore)
             error = _describe(exc)
             log.warning("checkpoints.target_unavailable", run=run_id, target=t.name, error=error)

@@ -17,6 +17,7 @@ import structlog
 
 from ..errors import SlurmError, UsageError
 from ..interfaces import DriftProbe, DriftRepository, NodeCommandRunner, SlurmClient, Store
+from ..plugin_registry import PluginRegistry
 from .baseline import find_differences, node_report, plan_actions, released
 from .config import DriftConfig
 from .records import Finding, NodeReport, NodeRun, NodeStatus, Policy, ProbeStatus, ProbeValue, ScanResult
@@ -188,12 +189,13 @@ def _merge(old: Mapping[str, Any], reports: Sequence[NodeReport], now: datetime,
     return merged
 
 
-def build_drift_scanner(config: DriftConfig, store: Store, slurm: SlurmClient) -> DriftScanner:
-    """The daemon's scanner: installed probe plugins, paramiko, the SQL store."""
+def build_drift_scanner(config: DriftConfig, store: Store, slurm: SlurmClient,
+                        plugins: PluginRegistry) -> DriftScanner:
+    """The daemon's scanner: the probe plugins of ``plugins``, paramiko, the SQL store."""
     from .plugins import load_probes
     from .ssh import ParamikoRunner
 
-    probes = load_probes(config.probes)
+    probes = load_probes(config.probes, plugins)
     return DriftScanner(config, store.drift, slurm, probes=probes,
                         runner=ParamikoRunner(config.ssh, config.endpoints()))
 

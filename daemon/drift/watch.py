@@ -16,6 +16,7 @@ import structlog
 
 from ..errors import B300Error
 from ..interfaces import SlurmClient, Store
+from ..plugin_registry import PluginRegistry
 from .config import DriftConfig
 from .records import ScanResult
 from .scanner import DriftScanner, build_drift_scanner, scan_result_to_dict
@@ -74,8 +75,8 @@ class DriftWatch:
 
 
 def make_drift_watch(config: DriftConfig | None, store: Store, slurm: SlurmClient, lock: threading.Lock,
-                     clock: Callable[[], datetime]) -> DriftWatch | None:
+                     clock: Callable[[], datetime], plugins: PluginRegistry) -> DriftWatch | None:
     """The daemon's drift watch, or None without a ``[drift]`` section."""
     if config is None:
         return None
-    return DriftWatch(build_drift_scanner(config, store, slurm), lock, clock)
+    return DriftWatch(build_drift_scanner(config, store, slurm, plugins), lock, clock)

@@ -26,6 +26,7 @@ from b300.checkpoints.retention import RetentionPolicy
 from b300.checkpoints.upkeep import CheckpointUpkeep
 from b300.errors import ConfigError
 from b300.interfaces import CheckpointRepository
+from b300.plugin_registry import PluginRegistry
 from b300.store import SqlStore, open_store
 
 NOW = datetime.now(UTC)
@@ -75,7 +76,7 @@ def _config(targets: list[TargetConfig], **kw: Any) -> CheckpointsConfig:
 
 def _upkeep(store: SqlStore, cfg: CheckpointsConfig) -> CheckpointUpkeep:
     return CheckpointUpkeep(store, store.checkpoints, cfg, lambda: datetime.now(UTC),
-                            action_lock=threading.Lock())
+                            action_lock=threading.Lock(), plugins=PluginRegistry())
 
 
 def _steps(ckpt: Path) -> list[int]:
@@ -280,7 +281,7 @@ def test_watch_pass_fingerprints_an_ended_run_and_verifies_unjudged_manifests(
     cs = store.checkpoints
     # No Slurm call happens: an ended run is not checked against its schedule.
     CheckpointPass(store, cs, CliSlurmClient(bin_dir=str(tmp_path / "none")), lambda: datetime.now(UTC),
-                   manifests_per_pass=10).run_once()
+                   plugins=PluginRegistry(), manifests_per_pass=10).run_once()
     verdicts = {c.info.step: c.verified for c in cs.checkpoints(RUN)}
     assert verdicts == {1: True, 2: False, 3: True}
     assert "checkpoint.corrupt" in [e.kind for e in store.events(run_id=RUN)]

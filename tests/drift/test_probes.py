@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-from importlib.metadata import EntryPoint
 
 import pytest
 from hypothesis import given
@@ -12,7 +11,9 @@ from hypothesis import strategies as st
 
 from b300.drift.plugins import load_probes
 from b300.interfaces import DriftProbe
+from b300.plugin_registry import PluginRegistry
 from b300.plugins import probes as p
+from third_party import Site, site_fixture  # noqa: F401
 
 versions = st.tuples(*[st.integers(0, 999)] * 3).map(lambda t: ".".join(map(str, t)))
 
@@ -110,13 +111,20 @@ def test_every_builtin_is_registered_and_is_a_probe() -> None:
         assert isinstance(probe, DriftProbe) and probe.name == name
 
 
-def test_a_broken_plugin_is_logged_and_skipped() -> None:
+def test_a_broken_probe_is_logged_and_skipped_and_a_wanted_one_missing_says_why(site: Site) -> None:
     from structlog.testing import capture_logs
 
-    eps = [EntryPoint("nccl", "b300.plugins.probes:NcclProbe", "b300.probes"),
-           EntryPoint("gone", "no_such_module_b300:Probe", "b300.probes"),
-           EntryPoint("notaprobe", "b300.plugins.probes:_lines", "b300.probes")]
+    site.install("b300-broken-probes", {"b300_tp_probes": "def probe():\n    return 1\n"},
+                 {"b300.probes": {"gone": "no_such_module_b300:Probe", "notaprobe": "b300_tp_probes:probe"}})
     with capture_logs() as logs:
-        probes = load_probes(found=eps)
+        probes = load_probes(["nccl", "gone", "notaprobe", "nope"], PluginRegistry())
     assert list(probes) == ["nccl"]
-    assert sorted(e["probe"] for e in logs if e["event"] == "drift.probe_skipped") == ["gone", "notaprobe"]
+    skipped = {e["plugin"]: e for e in logs if e["event"] == "plugin.skipped"}
+    assert set(skipped) == {"gone", "notaprobe"}
+    assert skipped["gone"]["why"].startswith("ModuleNotFoundError: No module named 'no_such_module_b300'")
+    assert "does not implement DriftProbe" in skipped["notaprobe"]["why"]
+    assert all(e["group"] == "b300.probes" and e["dist"] == "b300-broken-probes" for e in skipped.values())
+    missing = {e["probe"]: e["why"] for e in logs if e["event"] == "drift.probe_missing"}
+    assert missing["gone"] == skipped["gone"]["why"]
+    assert missing["nope"] == "no plugin of that name is installed"
+    assert set(missing) == {"gone", "notaprobe", "nope"}

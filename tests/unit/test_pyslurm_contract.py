@@ -164,14 +164,16 @@ def test_auto_takes_pyslurm_only_for_its_own_release_and_logs_it(
         boundary: Boundary, controller: str, chosen: str) -> None:
     from structlog.testing import capture_logs
 
+    from b300.plugin_registry import PluginRegistry
     from b300.slurm import make_slurm_client
 
     boundary.set(config={"version": controller})
+    plugins = PluginRegistry()
     with capture_logs() as logs:
-        client = make_slurm_client("auto", slurm_conf=None, bin_dir=None, timeout=30)
+        client = make_slurm_client("auto", slurm_conf=None, bin_dir=None, timeout=30, plugins=plugins)
     assert client.name == chosen
     [entry] = [e for e in logs if e["event"] == "slurm.backend"]
     assert entry["backend"] == chosen and entry["configured"] == "auto"
     if chosen == "cli":
         assert "built for Slurm 25.11, the controller runs 24.11.1" in entry["why"]
-    assert make_slurm_client("cli", slurm_conf=None, bin_dir=None, timeout=30).name == "cli"
+    assert make_slurm_client("cli", slurm_conf=None, bin_dir=None, timeout=30, plugins=plugins).name == "cli"
