@@ -195,13 +195,15 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
                 continue
             if not spec.checkpoint.dir:
                 continue
+            listing = ckpts.checkpoints(run.id)  # read once: the figures and the schedule both use it
             stored = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
-                      for c in ckpts.checkpoints(run.id) if c.info.complete]
+                      for c in listing if c.info.complete]
             fig = checkpoint_figures(RunInput(run, (), checkpoint_interval_s=spec.checkpoint.interval_s,
                                               checkpoints=stored), now)
             if fig is not None and fig.newest_age_s is not None:
                 ages[run.id] = fig.newest_age_s
-            sched = stored_run_schedule(store, run, spec, now, history=history)
+            sched = stored_run_schedule(store, run, spec, now, checkpoints=[c.info for c in listing],
+                                        history=history)
             if sched is not None:
                 if run.id not in ages and sched.age_s is not None:
                     ages[run.id] = sched.age_s  # no checkpoint yet: the running attempt's age

@@ -8,12 +8,14 @@ Slurm backends). The four groups are declared here, once.
 
 A :class:`PluginRegistry` loads a group the first time it is asked for it and keeps the
 result for its own life: the daemon builds one at start and passes it in, a test or a
-command builds its own (no module-level cache). The failure policy is the same for every
-group: a plugin that fails to import, to build, or to match its group (a protocol member
-missing, a ``name`` that is not its entry-point name, a group's own rule), or whose name
-another distribution claims too, is logged once (``plugin.skipped`` with the group, the
-plugin, its entry point, its distribution and why) and skipped; it never takes the daemon
-down. Asking for a skipped or unknown plugin by
+command builds its own (no module-level cache). A plugin object is built once per registry
+and shared by every thread that asks for it, so layouts and probes must keep no state.
+
+The failure policy is the same for every group: a plugin that fails to import, to build,
+or to match its group (a protocol member missing, a ``name`` that is not its entry-point
+name, a group's own rule), or whose name another distribution claims too, is logged once
+(``plugin.skipped`` with the group, the plugin, its entry point, its distribution and why)
+and skipped; it never takes the daemon down. Asking for a skipped or unknown plugin by
 name raises the group's error (a :class:`~b300.errors.UsageError`), one line naming it and
 why, or what is available.
 """
