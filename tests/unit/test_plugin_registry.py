@@ -35,10 +35,13 @@ BUILTINS = {
     SLURM_BACKENDS: {"cli", "pyslurm"},
 }
 
-_TARGET_METHODS = ("stat_files", "put_file", "read_file", "put_record", "get_record", "delete_record",
-                   "list_replicas", "delete_replica", "close")
-_SLURM_METHODS = ("submit", "jobs", "accounting", "find_by_name", "cancel", "nodes", "partition_nodes",
-                  "drain_node", "resume_node", "exclude_nodes", "ensure_node_down_trigger")
+def _protocol_methods(protocol: type) -> tuple[str, ...]:
+    """Every method a protocol declares: the third-party stand-ins follow the protocol as it grows."""
+    return tuple(n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_"))
+
+
+_TARGET_METHODS = _protocol_methods(ReplicationTarget)
+_SLURM_METHODS = _protocol_methods(SlurmClient)
 
 
 def _methods(names: tuple[str, ...]) -> str:
