@@ -24,6 +24,7 @@ from .events import EXCLUSIONS, Kind
 from .faults import crashpoint
 from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
+from .plugin_registry import PluginRegistry
 from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
@@ -65,7 +66,9 @@ class RunActions:
         job_log_dir: str | None = None,
         avoid_nodes: Callable[[], Iterable[str]] | None = None,
         black_holes: Callable[[], Iterable[str]] | None = None,
+        plugins: PluginRegistry | None = None,
     ) -> None:
+        self._plugins = plugins
         # avoid_nodes: nodes no new attempt may land on (open drift findings);
         # black_holes: nodes inside the black-hole window now.
         self._avoid = avoid_nodes or (lambda: ())
@@ -140,10 +143,10 @@ class RunActions:
         from .checkpoints.resume_point import check_resume_path, newest_verified
 
         if resume_from is not None and checked is None:
-            check_resume_path(spec, run_id, resume_from, force=force)
+            check_resume_path(spec, run_id, resume_from, force=force, plugins=self._plugins)
             chosen = "forced" if force else "given, verified"
         elif resume_from is None and not from_scratch and checked is None:
-            resume_from, checked = newest_verified(spec)
+            resume_from, checked = newest_verified(spec, self._plugins)
             chosen = "newest verified" if resume_from else "no complete checkpoint"
         else:
             chosen = "from scratch" if resume_from is None else "newest verified"

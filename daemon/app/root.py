@@ -74,7 +74,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     actions = RunActions(store, slurm, clock, submit_grace_s=config.submit_grace_s,
                          job_log_dir=config.job_log_dir,
                          avoid_nodes=lambda: _drifted_nodes(drift, store, slurm),
-                         black_holes=lambda: recoverer.black_hole_nodes() if recoverer else set())
+                         black_holes=lambda: recoverer.black_hole_nodes() if recoverer else set(),
+                         plugins=plugins)
     scheduler = BackgroundScheduler(timezone=UTC)
     cycles_box: list[CycleRunner] = []
 
@@ -92,7 +93,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         recoverer = Recoverer(store, slurm, actions, clock, config.recovery,
                               job_log_dir=config.job_log_dir,
                               node_health=node_loss.node_health if node_loss else None,
-                              detect_window_s=_detect_window_s(config))
+                              detect_window_s=_detect_window_s(config), plugins=plugins)
     tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
                              recovering=recovery_on)
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,

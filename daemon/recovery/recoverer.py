@@ -30,6 +30,7 @@ from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
 from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, NodeRecord, Run, RunState
+from ..plugin_registry import PluginRegistry
 from ..run_actions import RunActions
 from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, spec_of
@@ -68,7 +69,9 @@ class Recoverer:
         job_log_dir: str | None = None,
         node_health: Callable[[Sequence[str]], dict[str, str]] | None = None,
         detect_window_s: float = 0.0,
+        plugins: PluginRegistry | None = None,
     ) -> None:
+        self._plugins = plugins
         # node_health: the daemon's own liveness checks (b300.recovery.node_loss), if on.
         self._node_health = node_health
         self._detect_window_s = detect_window_s
@@ -140,7 +143,7 @@ class Recoverer:
                 self._finish(run, RunState.FAILED, f"infrastructure retry budget spent "
                              f"({spec.retries.infra})", now, alert=True)
                 return True
-            resume, checked = newest_verified(spec)
+            resume, checked = newest_verified(spec, self._plugins)
             failed = [Exclusion(n, "failed", f"failed attempt {last.number} (job "
                                 f"{last.slurm_job_id}, {outcome.value})") for n in verdict.suspects]
             self._store.append_events([NewEvent(
