@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
-import io
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from b300.interfaces import RemoteFile
@@ -14,57 +16,53 @@ from b300.interfaces import RemoteFile
 from .common import CHUNK, RECORD, check_name
 
 
-class _ThrottledReader(io.RawIOBase):
-    """A file read through the bandwidth limit (boto3 reads it in its own threads)."""
-
-    def __init__(self, path: str, on_chunk: Callable[[int], None]) -> None:
-        self._fh = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._on_chunk = on_chunk
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._fh.read(size)
-        if data:
-            self._on_chunk(len(data))
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._fh.close()
-        super().close()
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
 
 
 class S3Target:
     """Replicas as objects ``<prefix><replica>/<rel>`` in an S3 bucket.
 
-    Large files go up as multipart uploads (``part_size``); every upload
-    carries a SHA-256 checksum the server checks. ``endpoint_url`` and the
-    credentials options are passed to boto3 as they are.
+    A file up to ``part_size`` is one PUT; a larger one a multipart upload whose
+    parts go up ``max_concurrency`` at a time from one pool shared by every
+    sending thread (so memory stays at ``part_size`` x parts in flight), all
+    through the caller's bandwidth limit. Every request carries the SHA-256 of
+    its body, which S3 checks on receipt (a mismatch is refused, BadDigest).
+
+    Verification (``verify = "checksum"``, the default): right after an upload
+    the object's checksum as the server reports it (HEAD with ChecksumMode) must
+    equal the one computed from the bytes sent (for multipart, S3's composite:
+    SHA-256 of the parts' SHA-256s, "-N"); the file's SHA-256 is then vouched for
+    (:class:`b300.interfaces.SentDigests`) without downloading it. A server
+    that reports no checksum gets its objects read back, as with ``verify =
+    "read"``. ``endpoint_url`` and the credentials options go to boto3 as they are.
     """
 
     def __init__(self, *, bucket: str, prefix: str = "", name: str = "s3", endpoint_url: str | None = None,
                  region_name: str | None = None, aws_access_key_id: str | None = None,
-                 aws_secret_access_key: str | None = None, part_size: int = 64 << 20,
-                 max_concurrency: int = 4) -> None:
+                 aws_secret_access_key: str | None = None, part_size: int = 16 << 20,
+                 max_concurrency: int = 8, verify: str = "checksum") -> None:
         import boto3
-        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
+        if verify not in ("checksum", "read"):
+            raise ValueError(f"s3 target {name}: verify must be 'checksum' or 'read', not {verify!r}")
+        if part_size < 5 << 20:
+            raise ValueError(f"s3 target {name}: part_size must be at least 5 MiB (S3's minimum part)")
         self.name = name
         self._bucket = bucket
         self._prefix = prefix
+        self._max_concurrency = max(1, int(max_concurrency))
+        # Room for every part in flight plus the callers' own PUTs and HEADs.
+        config = Config(max_pool_connections=self._max_concurrency + 16)
         self._s3 = boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name,
                                 aws_access_key_id=aws_access_key_id,
-                                aws_secret_access_key=aws_secret_access_key)
-        self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
-                                        max_concurrency=max_concurrency, use_threads=True)
+                                aws_secret_access_key=aws_secret_access_key, config=config)
         self._part_size = part_size
-        self._max_concurrency = max(1, max_concurrency)
+        self._verify = verify
+        self._parts = ThreadPoolExecutor(max_workers=self._max_concurrency, thread_name_prefix="s3-part")
+        self._lock = threading.Lock()
+        self._vouched: dict[tuple[str, str], str] = {}  # (replica, rel) -> sha256 hex
 
     def _key(self, replica: str, rel: str) -> str:
         check_name(replica, rel)
@@ -83,45 +81,86 @@ class S3Target:
 
     def put_file(self, local_path: str, replica: str, rel: str, size: int, offset: int,
                  on_chunk: Callable[[int], None]) -> int:
-        # An object appears only when its upload completes. A small file is one PUT;
-        # a large one a multipart upload that an interruption leaves open on the
-        # server, so the next call continues it: the parts already there (same size,
-        # ETag = MD5 of the same bytes here) are kept, the rest sent. ``offset``
-        # (a file target's notion) is not used.
+        # An object appears only when its upload completes. A large file's multipart
+        # upload, if interrupted, stays open on the server and the next call continues
+        # it: the parts already there (same size, ETag = MD5 of the same bytes here)
+        # are kept, the rest sent. ``offset`` (a file target's notion) is not used.
         key = self._key(replica, rel)
-        if size <= self._part_size:
-            reader = _ThrottledReader(local_path, on_chunk)
-            try:
-                self._s3.upload_fileobj(reader, self._bucket, key, ExtraArgs={"ChecksumAlgorithm": "SHA256"},
-                                        Config=self._transfer)
-            finally:
-                reader.close()
-            return size
+        whole = hashlib.sha256()
+        with open(local_path, "rb") as fh:
+            if size <= self._part_size:
+                data = _read_throttled(fh, size, on_chunk)
+                whole.update(data)
+                self._s3.put_object(Bucket=self._bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                    ChecksumSHA256=_b64(whole.digest()))
+                sent, expected = len(data), _b64(whole.digest())
+            else:
+                sent, expected = self._put_multipart(fh, key, size, on_chunk, whole)
+        if self._verify == "checksum":
+            reported = self._s3.head_object(Bucket=self._bucket, Key=key, ChecksumMode="ENABLED")
+            if reported.get("ChecksumSHA256") == expected:
+                with self._lock:
+                    self._vouched[(replica, rel)] = whole.hexdigest()
+        return sent
+
+    def _put_multipart(self, fh: Any, key: str, size: int, on_chunk: Callable[[int], None],
+                       whole: Any) -> tuple[int, str]:
+        """Upload ``fh`` as parts: read and hashed in order here, sent by the shared pool.
+
+        Returns the bytes sent and the composite checksum S3 should report."""
         upload_id, done = self._open_upload(key)
         count = (size + self._part_size - 1) // self._part_size
-
-        def part(number: int) -> tuple[dict[str, Any], int]:
-            start = (number - 1) * self._part_size
-            length = min(self._part_size, size - start)
-            with open(local_path, "rb") as fh:
-                fh.seek(start)
-                data = fh.read(length)
-            have = done.get(number)
-            if have is not None and have["Size"] == len(data) and (
-                    have["ETag"].strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()):
-                return {"PartNumber": number, "ETag": have["ETag"]}, 0
-            for i in range(0, len(data), CHUNK):
-                on_chunk(min(CHUNK, len(data) - i))
-            digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
-            reply = self._s3.upload_part(Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                         Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)
-            return {"PartNumber": number, "ETag": reply["ETag"]}, len(data)
-
-        with ThreadPoolExecutor(max_workers=self._max_concurrency) as pool:
-            results = list(pool.map(part, range(1, count + 1)))
+        in_flight: deque[Future[dict[str, Any]]] = deque()
+        parts: list[dict[str, Any]] = []
+        part_digests: list[bytes] = []
+        try:
+            self._queue_parts(fh, key, upload_id, size, count, done, on_chunk, whole, in_flight, parts,
+                              part_digests)
+        except BaseException:
+            for f in in_flight:  # what is on its way is kept for the next attempt; then give up
+                with contextlib.suppress(Exception):
+                    f.result()
+            raise
+        parts += [f.result() for f in in_flight]
+        sent = sum(p.pop("_sent") for p in parts)
         self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
-                                           MultipartUpload={"Parts": [r[0] for r in results]})
-        return sum(r[1] for r in results)
+                                           MultipartUpload={"Parts": parts})
+        return sent, f"{_b64(hashlib.sha256(b''.join(part_digests)).digest())}-{count}"
+
+    def _queue_parts(self, fh: Any, key: str, upload_id: str, size: int, count: int,
+                     done: dict[int, dict[str, Any]], on_chunk: Callable[[int], None], whole: Any,
+                     in_flight: deque[Future[dict[str, Any]]], parts: list[dict[str, Any]],
+                     part_digests: list[bytes]) -> None:
+        for number in range(1, count + 1):
+            have = done.get(number)
+            length = min(self._part_size, size - (number - 1) * self._part_size)
+            kept = have is not None and have["Size"] == length
+            data = fh.read(length) if kept else _read_throttled(fh, length, on_chunk)
+            whole.update(data)
+            part_digest = hashlib.sha256(data).digest()
+            part_digests.append(part_digest)
+            if kept and have is not None and (
+                    have["ETag"].strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()):
+                in_flight.append(_done({"PartNumber": number, "ETag": have["ETag"],
+                                        "ChecksumSHA256": _b64(part_digest), "_sent": 0}))
+            else:
+                if kept:  # same size, other bytes: send it after all
+                    for i in range(0, length, CHUNK):
+                        on_chunk(min(CHUNK, length - i))
+                in_flight.append(self._parts.submit(self._upload_part, key, upload_id, number, data,
+                                                    _b64(part_digest)))
+            while len(in_flight) > self._max_concurrency:  # bounds the parts held in memory
+                parts.append(in_flight.popleft().result())
+
+    def _upload_part(self, key: str, upload_id: str, number: int, data: bytes, digest: str) -> dict[str, Any]:
+        reply = self._s3.upload_part(Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                     Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)
+        return {"PartNumber": number, "ETag": reply["ETag"], "ChecksumSHA256": digest, "_sent": len(data)}
+
+    def sent_sha256(self, replica: str, rels: Sequence[str]) -> dict[str, str]:
+        """SHA-256 of files uploaded by this process whose server-reported checksum matched."""
+        with self._lock:
+            return {r: d for r in rels if (d := self._vouched.pop((replica, r), None)) is not None}
 
     def _open_upload(self, key: str) -> tuple[str, dict[int, dict[str, Any]]]:
         """The newest unfinished multipart upload of ``key`` with its parts, else a new one;
@@ -185,10 +224,34 @@ class S3Target:
 
     def delete_replica(self, replica: str) -> None:
         self.delete_record(replica)
+        with self._lock:
+            self._vouched = {k: v for k, v in self._vouched.items() if k[0] != replica}
         keys = [self._key(replica, rel) for rel in self.stat_files(replica)]
         for i in range(0, len(keys), 1000):
             self._s3.delete_objects(Bucket=self._bucket,
                                     Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
 
     def close(self) -> None:
+        self._parts.shutdown(wait=True)
         self._s3.close()
+
+
+def _read_throttled(fh: Any, length: int, on_chunk: Callable[[int], None]) -> bytes:
+    """``length`` bytes of ``fh``, ``on_chunk`` called before each MiB (the bandwidth limit)."""
+    blocks = []
+    left = length
+    while left > 0:
+        want = min(CHUNK, left)
+        on_chunk(want)
+        block = fh.read(want)
+        if not block:
+            raise OSError(f"{fh.name} is shorter than {length} bytes")
+        blocks.append(block)
+        left -= len(block)
+    return b"".join(blocks)
+
+
+def _done(value: dict[str, Any]) -> Future[dict[str, Any]]:
+    future: Future[dict[str, Any]] = Future()
+    future.set_result(value)
+    return future

@@ -26,6 +26,8 @@ import structlog
 log = structlog.get_logger(__name__)
 
 _BATCH = 200  # names per hashing command (bounds the server's argv)
+_BATCH_BYTES = 64 << 20  # ... or this many bytes queued: small files are hashed many per command
+_LINGER_S = 0.5  # ... or the oldest queued file has waited this long
 _DONE = "b300-batch-done"
 _SLOWEST = 10 << 20  # bytes/s: a server hashing slower than this for a whole batch is taken as stuck
 _UNKNOWN_SIZE_S = 600.0  # seconds allowed per file of unknown size
@@ -70,6 +72,8 @@ class ServerHasher:
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._waiting = 0  # threads in results()
+        self._since = time.monotonic()  # when the oldest queued file was queued
 
     def submit(self, path: str, size: int | None) -> None:
         """Queue ``path`` for hashing; ``size`` None when unknown (the wait is then generous)."""
@@ -77,6 +81,8 @@ class ServerHasher:
             return
         with self._cond:
             self._done.pop(path, None)
+            if not self._queue:
+                self._since = time.monotonic()
             self._queue.append((path, size))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="sftp-hasher", daemon=True)
@@ -88,14 +94,19 @@ class ServerHasher:
         wanted = [p for p in paths if hashable(p)]
         deadline = time.monotonic() + wait
         with self._cond:
-            queued = {p for p, _ in self._queue} | self._busy
-            while any(p in queued for p in wanted) and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.warning("replication.server_hash_slow", waited_s=wait)
-                    break
-                self._cond.wait(left)
+            self._waiting += 1
+            self._cond.notify_all()
+            try:
                 queued = {p for p, _ in self._queue} | self._busy
+                while any(p in queued for p in wanted) and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.warning("replication.server_hash_slow", waited_s=wait)
+                        break
+                    self._cond.wait(left)
+                    queued = {p for p, _ in self._queue} | self._busy
+            finally:
+                self._waiting -= 1
             return {p: d for p in wanted if (d := self._done.pop(p, None)) is not None}
 
     def close(self) -> None:
@@ -110,15 +121,30 @@ class ServerHasher:
 
     # -- the worker -------------------------------------------------------------
 
+    def _take_batch(self) -> list[tuple[str, int | None]] | None:
+        """The next batch (under the lock): waits until enough is queued to be worth one hashing
+        command (each costs the server a process start, ~2 ms for openssl), someone waits for
+        results, or the oldest file has waited :data:`_LINGER_S`. None once closed."""
+        while not self._closed:
+            if self._queue:
+                queued = sum(s or _BATCH_BYTES for _, s in self._queue)
+                lingered = time.monotonic() - self._since >= _LINGER_S
+                if self._waiting or lingered or queued >= _BATCH_BYTES or len(self._queue) >= _BATCH:
+                    batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
+                    self._since = time.monotonic()
+                    self._busy = {p for p, _ in batch}
+                    return batch
+                self._cond.wait(max(0.0, _LINGER_S - (time.monotonic() - self._since)))
+            else:
+                self._cond.wait()
+        return None
+
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
-                self._busy = {p for p, _ in batch}
+                batch = self._take_batch()
+            if batch is None:
+                return
             found: dict[str, str] = {}
             try:
                 found = self._hash(batch)
