@@ -48,16 +48,18 @@ _LIBC = _load_libc()
 _COPY_FALLBACK = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM)
 
 
-def _copy_hashing(src: int, dst: int, offset: int, digest: Any, on_chunk: Callable[[int], None]) -> int:
+def _copy_hashing(src: int, dst: int, offset: int, digest: Any, on_chunk: Callable[[int], None],
+                  view: memoryview) -> int:
     """Copy ``src`` into ``dst`` from ``offset`` on, in large blocks, hashing ``dst`` as it fills.
 
     Each block goes by ``copy_file_range`` (in the kernel; a reflink where the file
     system offers one), else ``sendfile``, else read+write; the block is then hashed
     from ``dst`` (just written, so from the page cache): the digest is of the bytes
     the target holds, taken during the copy rather than by a second pass.
+    ``view`` is a buffer of :data:`_BLOCK` bytes, reused across files: a fresh
+    4 MiB buffer per file cost the kernel 4 GiB of zero-filled page faults for a
+    checkpoint of 1,000 small files (measured: sys time 2.5-3.6 s vs cp's 1.5-2).
     """
-    buf = bytearray(_BLOCK)
-    view = memoryview(buf)
     size = os.fstat(src).st_size
     pos = offset
     mode = 0  # 0 copy_file_range, 1 sendfile, 2 read+write
@@ -114,6 +116,13 @@ class FilesystemTarget:
         self._made: set[str] = set()
         # (replica, rel) -> (sha256, (size, mtime_ns, inode) of the finished file)
         self._digests: dict[tuple[str, str], tuple[str, tuple[int, int, int]]] = {}
+        self._buffers = threading.local()  # one copy buffer per sending thread
+
+    def _buffer(self) -> memoryview:
+        view: memoryview | None = getattr(self._buffers, "view", None)
+        if view is None:
+            view = self._buffers.view = memoryview(bytearray(_BLOCK))
+        return view
 
     def _dir(self, replica: str) -> str:
         check_name(replica)
@@ -160,7 +169,7 @@ class FilesystemTarget:
                         left -= len(chunk)
                     if left:
                         raise OSError(errno.EIO, f"partial copy {part} shorter than {offset} bytes")
-                sent = _copy_hashing(src, dst, offset, digest, on_chunk)
+                sent = _copy_hashing(src, dst, offset, digest, on_chunk, self._buffer())
                 st = os.fstat(dst)
             finally:
                 os.close(dst)

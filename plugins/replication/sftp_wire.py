@@ -118,6 +118,7 @@ class SftpChannel:
         self._broken: BaseException | None = None
         self._cond = threading.Condition()
         self._next_id = 0
+        self._send_buffer: memoryview | None = None
         self._reader = threading.Thread(target=self._read_loop, args=(self._proc.stdout.fileno(),),
                                         name="sftp-reader", daemon=True)
         self._reader.start()
@@ -349,13 +350,13 @@ class SftpChannel:
         ``on_chunk(n)`` runs before each request (the bandwidth limit), ``on_data``
         with each block read (hashing while sending). Returns the bytes sent.
         """
-        buf = bytearray(self.write_size)
-        view = memoryview(buf)
+        view = self._buffer()
         hs = _s(handle)
         pending: deque[int] = deque()
         pos = offset
+        size = os.fstat(fd).st_size
         while True:
-            on_chunk(len(buf))
+            on_chunk(min(len(view), max(size - pos, 0)))  # the bytes about to go, not the buffer's size
             n = os.preadv(fd, [view], pos)
             if n <= 0:
                 break
@@ -367,6 +368,12 @@ class SftpChannel:
         while pending:
             self._check(self._wait(pending.popleft()), path)
         return pos - offset
+
+    def _buffer(self) -> memoryview:
+        """The session's send buffer, made once (one per file cost a page-faulting allocation each)."""
+        if self._send_buffer is None:
+            self._send_buffer = memoryview(bytearray(self.write_size))
+        return self._send_buffer
 
     def read_iter(self, path: str) -> Iterator[bytes]:
         """The file's bytes in order, ``depth`` reads in flight."""

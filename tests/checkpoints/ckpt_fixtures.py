@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,29 @@ class SshServer:
 class S3Server:
     endpoint_url: str
     bucket: str
+
+
+def free_port(preferred: int) -> int:
+    for port in range(preferred, preferred + 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.fail(f"no free port in {preferred}..{preferred + 99}")
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    pytest.fail(f"{what} did not listen on {port} within {timeout} s")
 
 
 def write_file(path: Path, data: bytes = b"x" * 64, mtime: float | None = None) -> Path:

@@ -4,38 +4,13 @@ from __future__ import annotations
 
 import getpass
 import os
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
-from ckpt_fixtures import S3Server, SshServer
+from ckpt_fixtures import S3Server, SshServer, free_port, wait_port
 
 SSHD = "/usr/sbin/sshd"
-
-
-def _free_port(preferred: int) -> int:
-    for port in range(preferred, preferred + 100):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.fail(f"no free port in {preferred}..{preferred + 99}")
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{what} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    pytest.fail(f"{what} did not listen on {port} within {timeout} s")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +23,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
     (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
     os.chmod(d / "authorized_keys", 0o600)
-    port = _free_port(22101)
+    port = free_port(22101)
     host_pub = (d / "host_key.pub").read_text().split()
     (d / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
     (d / "sshd_config").write_text(
@@ -63,7 +38,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
                                 stdout=subprocess.DEVNULL, stderr=log)
     try:
-        _wait_port(port, proc, "sshd")
+        wait_port(port, proc, "sshd")
         base = d / "remote"
         base.mkdir()
         yield SshServer(port, getpass.getuser(), str(d / "client_key"), str(d / "known_hosts"), base)
@@ -77,7 +52,7 @@ def s3_server() -> Iterator[S3Server]:
     """moto's S3 server on loopback (a real HTTP S3 endpoint) with one bucket."""
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
-    port = _free_port(5055)
+    port = free_port(5055)
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

@@ -264,3 +264,63 @@ def test_files_a_crashed_process_copied_are_read_back_not_trusted(tmp_path: Path
     result = replicate(ck, manifest, after)
     assert result.ok and result.files_sent == 0 and result.bytes_sent == shard.stat().st_size
     assert verify_replica("step_12", after) == ()
+
+
+def _no_read_back(target: ReplicationTarget) -> list[str]:
+    """Record every read_file call (a copy verified by the server's digests makes none)."""
+    calls: list[str] = []
+    original = target.read_file
+
+    def read_file(replica: str, rel: str) -> Iterator[bytes]:
+        calls.append(rel)
+        return original(replica, rel)
+
+    target.read_file = read_file  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("remote_hash", [True, False])
+def test_sftp_copies_are_verified_by_digests_the_server_took_as_each_landed(
+    tmp_path: Path, sshd: SshServer, remote_hash: bool
+) -> None:
+    t = load_target("sftp", {"host": "127.0.0.1", "port": sshd.port, "username": sshd.username,
+                             "key_filename": sshd.key_filename, "known_hosts": sshd.known_hosts,
+                             "path": str(sshd.base / f"landed-{remote_hash}"), "remote_hash": remote_hash})
+    try:
+        ck, manifest = _checkpoint(tmp_path / "src", 21, big=6 << 20)
+        reads = _no_read_back(t)
+        assert replicate(ck, manifest, t, concurrency=3).ok
+        # With a shell on the server nothing is read back; without one, everything is.
+        assert sorted(reads) == ([] if remote_hash else sorted(e.rel for e in manifest.files))
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("verify", ["checksum", "read"])
+def test_s3_copies_are_verified_by_the_checksum_the_server_reports(
+    tmp_path: Path, s3_server: S3Server, verify: str
+) -> None:
+    t = load_target("s3", {"bucket": s3_server.bucket, "prefix": f"verify-{verify}/",
+                           "endpoint_url": s3_server.endpoint_url, "region_name": "us-east-1",
+                           "aws_access_key_id": "test", "aws_secret_access_key": "test",
+                           "part_size": 5 << 20, "max_concurrency": 2, "verify": verify})
+    try:
+        ck, manifest = _checkpoint(tmp_path / "src", 22, big=11 << 20)  # 3 parts: a composite checksum
+        reads = _no_read_back(t)
+        assert replicate(ck, manifest, t, concurrency=2).ok
+        assert sorted(reads) == ([] if verify == "checksum" else sorted(e.rel for e in manifest.files))
+        assert verify_replica("step_22", t) == ()
+    finally:
+        t.close()
+
+
+def test_bad_target_options_are_refused_in_one_line(sshd: SshServer, s3_server: S3Server) -> None:
+    base = {"port": sshd.port, "username": sshd.username, "key_filename": sshd.key_filename,
+            "known_hosts": sshd.known_hosts, "path": "/tmp/x"}
+    with pytest.raises(ValueError, match="is not a host name"):
+        load_target("sftp", {**base, "host": "-oProxyCommand=sh"})
+    with pytest.raises(ValueError, match="is not a user name"):
+        load_target("sftp", {**base, "host": "127.0.0.1", "username": "-l root"})
+    with pytest.raises(ValueError, match="verify must be"):
+        load_target("s3", {"bucket": s3_server.bucket, "endpoint_url": s3_server.endpoint_url,
+                           "verify": "trust"})
