@@ -35,8 +35,9 @@ import structlog
 from b300.interfaces import RemoteFile
 
 from .common import PART, RECORD, check_name
+from .sftp_codec import O_CREAT, O_TRUNC, O_WRITE
 from .sftp_hash import ServerHasher, hasher_command
-from .sftp_wire import O_CREAT, O_TRUNC, O_WRITE, SftpChannel
+from .sftp_wire import SftpChannel
 
 log = structlog.get_logger(__name__)
 

@@ -28,6 +28,7 @@ log = structlog.get_logger(__name__)
 _BATCH = 200  # names per hashing command (bounds the server's argv)
 _BATCH_BYTES = 64 << 20  # ... or this many bytes queued: small files are hashed many per command
 _LINGER_S = 0.5  # ... or the oldest queued file has waited this long
+_GIVE_UP = 2  # failed hashing commands in a row before the rest is left to read-back
 _DONE = "b300-batch-done"
 _SLOWEST = 10 << 20  # bytes/s: a server hashing slower than this for a whole batch is taken as stuck
 _UNKNOWN_SIZE_S = 600.0  # seconds allowed per file of unknown size
@@ -73,6 +74,7 @@ class ServerHasher:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._waiting = 0  # threads in results()
+        self._failures = 0  # hashing commands failed in a row (no shell there?)
         self._since = time.monotonic()  # when the oldest queued file was queued
 
     def submit(self, path: str, size: int | None) -> None:
@@ -146,14 +148,18 @@ class ServerHasher:
             if batch is None:
                 return
             found: dict[str, str] = {}
-            try:
-                found = self._hash(batch)
-            except (OSError, ValueError) as exc:
-                log.warning("replication.server_hash_failed", error=f"{type(exc).__name__}: {exc}")
-                with self._cond:
-                    proc, self._proc = self._proc, None
-                if proc is not None:
-                    _end(proc)
+            if self._failures < _GIVE_UP:
+                try:
+                    found = self._hash(batch)
+                    self._failures = 0
+                except (OSError, ValueError) as exc:
+                    self._failures += 1
+                    log.warning("replication.server_hash_failed", error=f"{type(exc).__name__}: {exc}",
+                                giving_up=self._failures >= _GIVE_UP)
+                    with self._cond:
+                        proc, self._proc = self._proc, None
+                    if proc is not None:
+                        _end(proc)
             with self._cond:
                 for p, _ in batch:
                     self._done[p] = found.get(p)

@@ -14,7 +14,6 @@ Every ``path`` here is passed to the server as data, never through a shell.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import select
@@ -25,72 +24,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-_INIT, _VERSION, _OPEN, _CLOSE, _READ, _WRITE = 1, 2, 3, 4, 5, 6
-_FSETSTAT, _OPENDIR, _READDIR, _REMOVE, _MKDIR, _RMDIR, _STAT, _RENAME = 10, 11, 12, 13, 14, 15, 17, 18
-_EXTENDED = 200
-_STATUS, _HANDLE, _DATA, _NAME, _ATTRS, _EXTENDED_REPLY = 101, 102, 103, 104, 105, 201
-_OK, _EOF, _NO_SUCH_FILE, _PERMISSION_DENIED = 0, 1, 2, 3
-_ATTR_SIZE, _ATTR_UIDGID, _ATTR_PERMISSIONS, _ATTR_ACMODTIME, _ATTR_EXTENDED = 1, 2, 4, 8, 0x80000000
-O_READ, O_WRITE, O_CREAT, O_TRUNC = 0x01, 0x02, 0x08, 0x10
-_MAX_REPLY = 1 << 24  # a reply longer than this is a broken stream, not data
-_SPEC_MIN_IO = 32768  # every server must take reads and writes this large
-_IO_CAP = 255 << 10  # OpenSSH's sftp-server takes packets up to 256 KiB; leave room for the header
-
-
-@dataclass(frozen=True, slots=True)
-class Attrs:
-    """The parts of a file's SFTP attributes the targets use."""
-
-    size: int | None
-    mode: int | None
-
-
-def _u32(data: bytes, pos: int) -> tuple[int, int]:
-    return struct.unpack_from(">I", data, pos)[0], pos + 4
-
-
-def _string(data: bytes, pos: int) -> tuple[bytes, int]:
-    n, pos = _u32(data, pos)
-    if pos + n > len(data):
-        raise ConnectionError("truncated SFTP reply")
-    return data[pos:pos + n], pos + n
-
-
-def _attrs(data: bytes, pos: int) -> tuple[Attrs, int]:
-    flags, pos = _u32(data, pos)
-    size = mode = None
-    if flags & _ATTR_SIZE:
-        size = struct.unpack_from(">Q", data, pos)[0]
-        pos += 8
-    if flags & _ATTR_UIDGID:
-        pos += 8
-    if flags & _ATTR_PERMISSIONS:
-        mode, pos = _u32(data, pos)
-    if flags & _ATTR_ACMODTIME:
-        pos += 8
-    if flags & _ATTR_EXTENDED:
-        count, pos = _u32(data, pos)
-        for _ in range(count * 2):
-            _, pos = _string(data, pos)
-    return Attrs(size, mode), pos
-
-
-def _s(value: bytes | str) -> bytes:
-    raw = value.encode() if isinstance(value, str) else value
-    return struct.pack(">I", len(raw)) + raw
-
-
-def status_error(code: int, message: str, path: str) -> OSError:
-    """The OSError an SFTP status stands for (FileNotFoundError, PermissionError...)."""
-    what = f"{path}: {message or f'SFTP status {code}'}"
-    if code == _NO_SUCH_FILE:
-        return FileNotFoundError(errno.ENOENT, what)
-    if code == _PERMISSION_DENIED:
-        return PermissionError(errno.EACCES, what)
-    return OSError(errno.EIO, what)
+from . import sftp_codec as sc
+from .sftp_codec import Attrs, attrs, pack_string, status_error, string, u32
 
 
 class SftpChannel:
@@ -123,16 +60,16 @@ class SftpChannel:
                                         name="sftp-reader", daemon=True)
         self._reader.start()
         try:
-            self._send([struct.pack(">IBI", 5, _INIT, 3)])
+            self._send([struct.pack(">IBI", 5, sc.INIT, 3)])
             version = self._wait_version()
             self.extensions = self._parse_extensions(version)
-            self.write_size = self.read_size = _SPEC_MIN_IO
+            self.write_size = self.read_size = sc.SPEC_MIN_IO
             if b"limits@openssh.com" in self.extensions:
-                t, body = self._call(_EXTENDED, _s("limits@openssh.com"))
-                if t == _EXTENDED_REPLY and len(body) >= 32:
+                t, body = self._call(sc.EXTENDED, pack_string("limits@openssh.com"))
+                if t == sc.EXTENDED_REPLY and len(body) >= 32:
                     _packet, rmax, wmax, _handles = struct.unpack_from(">QQQQ", body, 0)
-                    self.read_size = max(_SPEC_MIN_IO, min(_IO_CAP, rmax or _IO_CAP))
-                    self.write_size = max(_SPEC_MIN_IO, min(_IO_CAP, wmax or _IO_CAP))
+                    self.read_size = max(sc.SPEC_MIN_IO, min(sc.IO_CAP, rmax or sc.IO_CAP))
+                    self.write_size = max(sc.SPEC_MIN_IO, min(sc.IO_CAP, wmax or sc.IO_CAP))
         except BaseException:
             self.close()
             raise
@@ -149,14 +86,14 @@ class SftpChannel:
                 buf += chunk
                 while len(buf) >= 4:
                     n = struct.unpack_from(">I", buf, 0)[0]
-                    if n < 1 or n > _MAX_REPLY:
+                    if n < 1 or n > sc.MAX_REPLY:
                         raise ConnectionError(f"malformed SFTP stream (packet of {n} bytes)")
                     if len(buf) < 4 + n:
                         break
                     body = bytes(buf[4:4 + n])
                     del buf[:4 + n]
                     with self._cond:
-                        if body[0] == _VERSION:
+                        if body[0] == sc.VERSION:
                             self._version = body[1:]
                         else:
                             rid = struct.unpack_from(">I", body, 1)[0]
@@ -237,8 +174,8 @@ class SftpChannel:
         found: dict[bytes, bytes] = {}
         pos = 4
         while pos < len(version):
-            name, pos = _string(version, pos)
-            data, pos = _string(version, pos)
+            name, pos = string(version, pos)
+            data, pos = string(version, pos)
             found[name] = data
         return found
 
@@ -271,16 +208,16 @@ class SftpChannel:
 
     def _check(self, reply: tuple[int, bytes], path: str) -> None:
         t, body = reply
-        if t != _STATUS:
+        if t != sc.STATUS:
             raise ConnectionError(f"unexpected SFTP reply {t} for {path}")
-        code, pos = _u32(body, 0)
-        if code != _OK:
-            message, _ = _string(body, pos) if len(body) > pos else (b"", pos)
+        code, pos = u32(body, 0)
+        if code != sc.OK:
+            message, _ = string(body, pos) if len(body) > pos else (b"", pos)
             raise status_error(code, message.decode("utf-8", "replace"), path)
 
     def _handle(self, reply: tuple[int, bytes], path: str) -> bytes:
-        if reply[0] == _HANDLE:
-            return _string(reply[1], 0)[0]
+        if reply[0] == sc.HANDLE:
+            return string(reply[1], 0)[0]
         self._check(reply, path)
         raise ConnectionError(f"no handle for {path}")
 
@@ -288,60 +225,61 @@ class SftpChannel:
 
     def stat(self, path: str) -> Attrs:
         """The attributes of ``path`` (following symlinks); FileNotFoundError if absent."""
-        reply = self._call(_STAT, _s(path))
-        if reply[0] == _ATTRS:
-            return _attrs(reply[1], 0)[0]
+        reply = self._call(sc.STAT, pack_string(path))
+        if reply[0] == sc.ATTRS:
+            return attrs(reply[1], 0)[0]
         self._check(reply, path)
         raise ConnectionError(f"no attributes for {path}")
 
     def mkdir(self, path: str) -> None:
-        self._check(self._call(_MKDIR, _s(path), struct.pack(">I", 0)), path)
+        self._check(self._call(sc.MKDIR, pack_string(path), struct.pack(">I", 0)), path)
 
     def rmdir(self, path: str) -> None:
-        self._check(self._call(_RMDIR, _s(path)), path)
+        self._check(self._call(sc.RMDIR, pack_string(path)), path)
 
     def remove(self, path: str) -> None:
-        self._check(self._call(_REMOVE, _s(path)), path)
+        self._check(self._call(sc.REMOVE, pack_string(path)), path)
 
     def rename(self, old: str, new: str) -> None:
         """Rename ``old`` over ``new`` (POSIX semantics where the server offers them)."""
         if b"posix-rename@openssh.com" in self.extensions:
-            self._check(self._call(_EXTENDED, _s("posix-rename@openssh.com"), _s(old), _s(new)), new)
+            ext = pack_string("posix-rename@openssh.com")
+            self._check(self._call(sc.EXTENDED, ext, pack_string(old), pack_string(new)), new)
             return
         with contextlib.suppress(FileNotFoundError):
             self.remove(new)
-        self._check(self._call(_RENAME, _s(old), _s(new)), new)
+        self._check(self._call(sc.RENAME, pack_string(old), pack_string(new)), new)
 
     def listdir(self, path: str) -> list[tuple[str, Attrs]]:
         """Every entry of the directory but ``.`` and ``..``; FileNotFoundError if absent."""
-        handle = self._handle(self._call(_OPENDIR, _s(path)), path)
+        handle = self._handle(self._call(sc.OPENDIR, pack_string(path)), path)
         found: list[tuple[str, Attrs]] = []
         try:
-            for _ in range(1 << 24):  # bounded: a server that never says EOF is broken
-                t, body = self._call(_READDIR, _s(handle))
-                if t == _STATUS and _u32(body, 0)[0] == _EOF:
+            for _ in range(1 << 24):  # bounded: a server that never says sc.EOF is broken
+                t, body = self._call(sc.READDIR, pack_string(handle))
+                if t == sc.STATUS and u32(body, 0)[0] == sc.EOF:
                     break
-                if t != _NAME:
+                if t != sc.NAME:
                     self._check((t, body), path)
-                count, pos = _u32(body, 0)
+                count, pos = u32(body, 0)
                 for _ in range(count):
-                    name, pos = _string(body, pos)
-                    _long, pos = _string(body, pos)
-                    attrs, pos = _attrs(body, pos)
+                    name, pos = string(body, pos)
+                    _long, pos = string(body, pos)
+                    entry, pos = attrs(body, pos)
                     if name not in (b".", b".."):
-                        found.append((name.decode("utf-8", "surrogateescape"), attrs))
+                        found.append((name.decode("utf-8", "surrogateescape"), entry))
         finally:
             self.close_handle(handle, path)
         return found
 
     def open(self, path: str, flags: int) -> bytes:
-        return self._handle(self._call(_OPEN, _s(path), struct.pack(">II", flags, 0)), path)
+        return self._handle(self._call(sc.OPEN, pack_string(path), struct.pack(">II", flags, 0)), path)
 
     def close_handle(self, handle: bytes, path: str) -> None:
-        self._check(self._call(_CLOSE, _s(handle)), path)
+        self._check(self._call(sc.CLOSE, pack_string(handle)), path)
 
     def truncate(self, handle: bytes, size: int, path: str) -> None:
-        self._check(self._call(_FSETSTAT, _s(handle), struct.pack(">IQ", _ATTR_SIZE, size)), path)
+        self._check(self._call(sc.FSETSTAT, pack_string(handle), struct.pack(">IQ", sc.ATTR_SIZE, size)), path)
 
     def write_from(self, handle: bytes, fd: int, offset: int, path: str, on_chunk: Callable[[int], None],
                    on_data: Callable[[memoryview], None]) -> int:
@@ -351,7 +289,7 @@ class SftpChannel:
         with each block read (hashing while sending). Returns the bytes sent.
         """
         view = self._buffer()
-        hs = _s(handle)
+        hs = pack_string(handle)
         pending: deque[int] = deque()
         pos = offset
         size = os.fstat(fd).st_size
@@ -361,7 +299,7 @@ class SftpChannel:
             if n <= 0:
                 break
             on_data(view[:n])
-            pending.append(self._request(_WRITE, [hs, struct.pack(">QI", pos, n), view[:n]]))
+            pending.append(self._request(sc.WRITE, [hs, struct.pack(">QI", pos, n), view[:n]]))
             pos += n
             while len(pending) >= self._depth:
                 self._check(self._wait(pending.popleft()), path)
@@ -377,7 +315,7 @@ class SftpChannel:
 
     def read_iter(self, path: str) -> Iterator[bytes]:
         """The file's bytes in order, ``depth`` reads in flight."""
-        handle = self.open(path, O_READ)
+        handle = self.open(path, sc.O_READ)
         pending: deque[tuple[int, int]] = deque()
         pos = 0
         eof = False
@@ -385,16 +323,16 @@ class SftpChannel:
             while not eof or pending:
                 while not eof and len(pending) < self._depth:
                     ask = struct.pack(">QI", pos, self.read_size)
-                    pending.append((pos, self._request(_READ, [_s(handle), ask])))
+                    pending.append((pos, self._request(sc.READ, [pack_string(handle), ask])))
                     pos += self.read_size
                 at, rid = pending.popleft()
                 t, body = self._wait(rid)
-                if t == _STATUS and _u32(body, 0)[0] == _EOF:
+                if t == sc.STATUS and u32(body, 0)[0] == sc.EOF:
                     eof = True
                     continue
-                if t != _DATA:
+                if t != sc.DATA:
                     self._check((t, body), path)
-                data, _ = _string(body, 0)
+                data, _ = string(body, 0)
                 if len(data) < self.read_size:
                     # A short read: ask again from where it stopped (drop what is in flight).
                     for _at, other in pending:
@@ -412,11 +350,12 @@ class SftpChannel:
                 self.close_handle(handle, path)
 
     def put_bytes(self, path: str, data: bytes) -> None:
-        handle = self.open(path, O_WRITE | O_CREAT | O_TRUNC)
+        handle = self.open(path, sc.O_WRITE | sc.O_CREAT | sc.O_TRUNC)
         try:
             for i in range(0, len(data), self.write_size):
                 block = data[i:i + self.write_size]
-                self._check(self._call(_WRITE, _s(handle), struct.pack(">QI", i, len(block)), block), path)
+                at = struct.pack(">QI", i, len(block))
+                self._check(self._call(sc.WRITE, pack_string(handle), at, block), path)
         finally:
             self.close_handle(handle, path)
 
@@ -441,7 +380,7 @@ class SftpChannel:
             self._proc.wait(timeout=min(self._timeout, 5.0))
         except subprocess.TimeoutExpired:
             self.kill()
-        self._reader.join(timeout=5)  # ssh has gone: its stdout is at EOF
+        self._reader.join(timeout=5)  # ssh has gone: its stdout is at sc.EOF
         if self._proc.stdout is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdout.close()
