@@ -5,10 +5,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import os
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from b300.interfaces import RemoteFile
@@ -24,9 +24,10 @@ class S3Target:
     """Replicas as objects ``<prefix><replica>/<rel>`` in an S3 bucket.
 
     A file up to ``part_size`` is one PUT; a larger one a multipart upload whose
-    parts go up ``max_concurrency`` at a time from one pool shared by every
-    sending thread (so memory stays at ``part_size`` x parts in flight), all
-    through the caller's bandwidth limit. Every request carries the SHA-256 of
+    parts are read and sent ``max_concurrency`` at a time by one pool shared by
+    every sending thread (so memory stays at ``part_size`` x workers), all
+    through the caller's bandwidth limit, while the caller's thread takes the
+    file's SHA-256 in order. Every request carries the SHA-256 of
     its body, which S3 checks on receipt (a mismatch is refused, BadDigest).
 
     Verification (``verify = "checksum"``, the default): right after an upload
@@ -87,16 +88,19 @@ class S3Target:
         # are kept, the rest sent. ``offset`` (a file target's notion) is not used.
         key = self._key(replica, rel)
         whole = hashlib.sha256()
-        with open(local_path, "rb") as fh:
-            if size <= self._part_size:
+        before = _identity(local_path)
+        if size <= self._part_size:
+            with open(local_path, "rb") as fh:
                 data = _read_throttled(fh, size, on_chunk)
-                whole.update(data)
-                self._s3.put_object(Bucket=self._bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
-                                    ChecksumSHA256=_b64(whole.digest()))
-                sent, expected = len(data), _b64(whole.digest())
-            else:
-                sent, expected = self._put_multipart(fh, key, size, on_chunk, whole)
-        if self._verify == "checksum":
+            whole.update(data)
+            self._s3.put_object(Bucket=self._bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                ChecksumSHA256=_b64(whole.digest()))
+            sent, expected = len(data), _b64(whole.digest())
+        else:
+            sent, expected = self._put_multipart(local_path, key, size, on_chunk, whole)
+        # The parts and the whole-file digest were read separately: vouch only for a file
+        # that did not change meanwhile.
+        if self._verify == "checksum" and _identity(local_path) == before:
             reported = self._s3.head_object(Bucket=self._bucket, Key=key, ChecksumMode="ENABLED")
             # A composite is "<b64>-<parts>" on AWS; some servers leave out the count (base64 has no '-').
             if str(reported.get("ChecksumSHA256", "")).split("-")[0] == expected.split("-")[0]:
@@ -104,59 +108,58 @@ class S3Target:
                     self._vouched[(replica, rel)] = whole.hexdigest()
         return sent
 
-    def _put_multipart(self, fh: Any, key: str, size: int, on_chunk: Callable[[int], None],
+    def _put_multipart(self, path: str, key: str, size: int, on_chunk: Callable[[int], None],
                        whole: Any) -> tuple[int, str]:
-        """Upload ``fh`` as parts: read and hashed in order here, sent by the shared pool.
+        """Upload ``path`` as parts, each read, hashed and sent by a worker of the shared pool,
+        while this thread hashes the whole file in order (a local read, from the page cache).
 
-        Returns the bytes sent and the composite checksum S3 should report."""
+        Reading and hashing every part here first, in order, starved the pool: py-spy showed
+        half of its workers idle while two files' parts were being read. Returns the bytes
+        sent and the composite checksum S3 should report."""
         upload_id, done = self._open_upload(key)
         count = (size + self._part_size - 1) // self._part_size
-        in_flight: deque[Future[dict[str, Any]]] = deque()
-        parts: list[dict[str, Any]] = []
-        part_digests: list[bytes] = []
+        futures = [self._parts.submit(self._send_part, path, key, upload_id, number,
+                                      min(self._part_size, size - (number - 1) * self._part_size),
+                                      done.get(number), on_chunk)
+                   for number in range(1, count + 1)]
         try:
-            self._queue_parts(fh, key, upload_id, size, count, done, on_chunk, whole, in_flight, parts,
-                              part_digests)
+            with open(path, "rb") as fh:
+                while block := fh.read(4 << 20):
+                    whole.update(block)
+            parts = [f.result() for f in futures]
         except BaseException:
-            for f in in_flight:  # what is on its way is kept for the next attempt; then give up
+            for f in futures:  # what is on its way is kept for the next attempt; the rest not sent
+                f.cancel()
+            for f in futures:
                 with contextlib.suppress(Exception):
                     f.result()
             raise
-        parts += [f.result() for f in in_flight]
+        digests = [p.pop("_digest") for p in parts]
         sent = sum(p.pop("_sent") for p in parts)
         self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
                                            MultipartUpload={"Parts": parts})
-        return sent, f"{_b64(hashlib.sha256(b''.join(part_digests)).digest())}-{count}"
+        return sent, f"{_b64(hashlib.sha256(b''.join(digests)).digest())}-{count}"
 
-    def _queue_parts(self, fh: Any, key: str, upload_id: str, size: int, count: int,
-                     done: dict[int, dict[str, Any]], on_chunk: Callable[[int], None], whole: Any,
-                     in_flight: deque[Future[dict[str, Any]]], parts: list[dict[str, Any]],
-                     part_digests: list[bytes]) -> None:
-        for number in range(1, count + 1):
-            have = done.get(number)
-            length = min(self._part_size, size - (number - 1) * self._part_size)
-            kept = have is not None and have["Size"] == length
-            data = fh.read(length) if kept else _read_throttled(fh, length, on_chunk)
-            whole.update(data)
-            part_digest = hashlib.sha256(data).digest()
-            part_digests.append(part_digest)
-            if kept and have is not None and (
-                    have["ETag"].strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()):
-                in_flight.append(_done({"PartNumber": number, "ETag": have["ETag"],
-                                        "ChecksumSHA256": _b64(part_digest), "_sent": 0}))
+    def _send_part(self, path: str, key: str, upload_id: str, number: int, length: int,
+                   have: dict[str, Any] | None, on_chunk: Callable[[int], None]) -> dict[str, Any]:
+        """One part: kept if the open upload has it (same size, ETag = MD5 of these bytes), else sent."""
+        with open(path, "rb") as fh:
+            fh.seek((number - 1) * self._part_size)
+            if have is not None and have["Size"] == length:
+                data = fh.read(length)
+                digest = hashlib.sha256(data).digest()
+                if have["ETag"].strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest():
+                    return {"PartNumber": number, "ETag": have["ETag"], "ChecksumSHA256": _b64(digest),
+                            "_sent": 0, "_digest": digest}
+                for i in range(0, length, CHUNK):  # same size, other bytes: send it after all
+                    on_chunk(min(CHUNK, length - i))
             else:
-                if kept:  # same size, other bytes: send it after all
-                    for i in range(0, length, CHUNK):
-                        on_chunk(min(CHUNK, length - i))
-                in_flight.append(self._parts.submit(self._upload_part, key, upload_id, number, data,
-                                                    _b64(part_digest)))
-            while len(in_flight) > self._max_concurrency:  # bounds the parts held in memory
-                parts.append(in_flight.popleft().result())
-
-    def _upload_part(self, key: str, upload_id: str, number: int, data: bytes, digest: str) -> dict[str, Any]:
+                data = _read_throttled(fh, length, on_chunk)
+                digest = hashlib.sha256(data).digest()
         reply = self._s3.upload_part(Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                     Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)
-        return {"PartNumber": number, "ETag": reply["ETag"], "ChecksumSHA256": digest, "_sent": len(data)}
+                                     Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest))
+        return {"PartNumber": number, "ETag": reply["ETag"], "ChecksumSHA256": _b64(digest),
+                "_sent": len(data), "_digest": digest}
 
     def sent_sha256(self, replica: str, rels: Sequence[str]) -> dict[str, str]:
         """SHA-256 of files uploaded by this process whose server-reported checksum matched."""
@@ -252,7 +255,6 @@ def _read_throttled(fh: Any, length: int, on_chunk: Callable[[int], None]) -> by
     return b"".join(blocks)
 
 
-def _done(value: dict[str, Any]) -> Future[dict[str, Any]]:
-    future: Future[dict[str, Any]] = Future()
-    future.set_result(value)
-    return future
+def _identity(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
