@@ -42,7 +42,7 @@ class S3Target:
     def __init__(self, *, bucket: str, prefix: str = "", name: str = "s3", endpoint_url: str | None = None,
                  region_name: str | None = None, aws_access_key_id: str | None = None,
                  aws_secret_access_key: str | None = None, part_size: int = 16 << 20,
-                 max_concurrency: int = 8, verify: str = "checksum") -> None:
+                 max_concurrency: int = 8, verify: str = "checksum", timeout: float = 300.0) -> None:
         import boto3
         from botocore.config import Config
 
@@ -54,8 +54,10 @@ class S3Target:
         self._bucket = bucket
         self._prefix = prefix
         self._max_concurrency = max(1, int(max_concurrency))
-        # Room for every part in flight plus the callers' own PUTs and HEADs.
-        config = Config(max_pool_connections=self._max_concurrency + 16)
+        # Room for every part in flight plus the callers' own PUTs and HEADs; completing a
+        # large upload can take a busy server minutes (moto at load 17 took over botocore's 60 s).
+        config = Config(max_pool_connections=self._max_concurrency + 16, read_timeout=timeout,
+                        connect_timeout=min(timeout, 60.0))
         self._s3 = boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name,
                                 aws_access_key_id=aws_access_key_id,
                                 aws_secret_access_key=aws_secret_access_key, config=config)
@@ -136,9 +138,21 @@ class S3Target:
             raise
         digests = [p.pop("_digest") for p in parts]
         sent = sum(p.pop("_sent") for p in parts)
-        self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
-                                           MultipartUpload={"Parts": parts})
+        try:
+            self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
+                                               MultipartUpload={"Parts": parts})
+        except self._s3.exceptions.ClientError:
+            # A completion that outlived the read timeout may have been done by the server all
+            # the same, and then the client's retry finds no upload: the object settles it.
+            if self._object_size(key) != size:
+                raise
         return sent, f"{_b64(hashlib.sha256(b''.join(digests)).digest())}-{count}"
+
+    def _object_size(self, key: str) -> int | None:
+        try:
+            return int(self._s3.head_object(Bucket=self._bucket, Key=key)["ContentLength"])
+        except self._s3.exceptions.ClientError:
+            return None
 
     def _send_part(self, path: str, key: str, upload_id: str, number: int, length: int,
                    have: dict[str, Any] | None, on_chunk: Callable[[int], None]) -> dict[str, Any]:
