@@ -3,7 +3,7 @@
 One JSON object per line each way over a Unix stream socket. The daemon
 learns who is asking from the kernel (SO_PEERCRED), not from the request,
 and allows changes only to root, its own user and members of the configured
-admin group.
+admin group. The client side (b300ctl's) is :mod:`b300.control_client`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import socketserver
 import struct
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,11 @@ from typing import Any
 
 import structlog
 
-from .errors import DaemonUnavailableError, UsageError
+from .control_client import MAX_REQUEST_BYTES, ask_daemon, call_daemon
+from .errors import UsageError
 
+__all__ = ["ControlServer", "Peer", "ask_daemon", "call_daemon", "client_connected", "is_admin", "peer_of"]
 log = structlog.get_logger(__name__)
-MAX_REQUEST_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,59 +167,3 @@ class ControlServer:
         self._server.server_close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-
-def call_daemon(path: str, request: dict[str, Any], timeout: float = 180.0) -> dict[str, Any]:
-    """Send one request to the daemon and return its reply object.
-
-    The request carries ``deadline`` (Unix time, now + ``timeout``): the
-    daemon drops it unexecuted once that has passed, as b300ctl has given up.
-    """
-    request = {**request, "deadline": time.time() + timeout}
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        raise _unavailable(path, exc) from None
-    try:
-        with sock, sock.makefile("rwb") as f:
-            f.write(json.dumps(request).encode() + b"\n")
-            f.flush()
-            line = f.readline(MAX_REQUEST_BYTES)
-    except TimeoutError:
-        raise DaemonUnavailableError(f"b300d did not answer within {timeout:.0f} s") from None
-    except OSError as exc:
-        raise DaemonUnavailableError(f"lost the connection to b300d: {exc}") from None
-    if not line:
-        raise DaemonUnavailableError("b300d closed the connection without an answer")
-    try:
-        reply = json.loads(line)
-    except ValueError:
-        reply = None
-    if not isinstance(reply, dict):
-        raise DaemonUnavailableError("b300d sent a malformed answer")
-    return reply
-
-
-def ask_daemon(
-    path: str, request: dict[str, Any], *, timeout: float = 180.0
-) -> tuple[int, dict[str, Any]]:
-    """For b300ctl: send a request; ``(0, result)``, or ``(exit code, {})`` after
-    printing the daemon's one-line refusal on stderr."""
-    reply = call_daemon(path, request, timeout=timeout)
-    if not reply.get("ok"):
-        print(f"b300ctl: {reply.get('error', 'the daemon refused')}", file=sys.stderr)
-        code = reply.get("exit_code", 1)
-        return (code if isinstance(code, int) and code else 1), {}
-    result = reply.get("result")
-    return 0, result if isinstance(result, dict) else {}
-
-
-def _unavailable(path: str, exc: OSError) -> DaemonUnavailableError:
-    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-        return DaemonUnavailableError(f"b300d is not running (no daemon at {path})")
-    if isinstance(exc, PermissionError):
-        return DaemonUnavailableError(f"not allowed to talk to b300d at {path}")
-    return DaemonUnavailableError(f"cannot reach b300d at {path}: {exc}")

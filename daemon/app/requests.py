@@ -73,12 +73,30 @@ class DriftScan(_Request):
     nodes: list[Annotated[str, Field(max_length=64)]] = []
 
 
+class Status(_Request):
+    """``b300ctl status``: one run (``run``), or the list (``all``: ended runs too)."""
+
+    op: Literal["status"]
+    run: Annotated[str, Field(max_length=4096)] | None = None  # an unknown one is "unknown run"
+    all: bool = False
+
+
+class CheckpointsPrune(_Request):
+    """``b300ctl checkpoints RUN --prune --yes``; a retention option left out is the configured one."""
+
+    op: Literal["checkpoints_prune"]
+    run_id: Annotated[str, Field(max_length=64)]
+    keep_last: int | None = None
+    keep_hourly_for: Annotated[str, Field(max_length=64)] | None = None
+    keep_daily_for: Annotated[str, Field(max_length=64)] | None = None
+
+
 #: Every op and its model; ``mutating`` ops change the world and are admin-only.
 MODELS: dict[str, type[_Request]] = {
-    "ping": Ping, "wake": Wake, "submit": Submit, "resubmit": Resubmit, "cancel": Cancel,
-    "node_resume": NodeResume, "drift_scan": DriftScan,
+    "ping": Ping, "status": Status, "wake": Wake, "submit": Submit, "resubmit": Resubmit, "cancel": Cancel,
+    "node_resume": NodeResume, "drift_scan": DriftScan, "checkpoints_prune": CheckpointsPrune,
 }
-READ_ONLY = frozenset({"ping"})
+READ_ONLY = frozenset({"ping", "status"})
 
 
 def parse_request(raw: dict[str, Any]) -> _Request:

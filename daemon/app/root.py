@@ -106,8 +106,10 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     operations = Operations(config=current.get, store=store, clock=clock, fence=fence.check,
                             health=health, accounting=lambda: tracker.accounting,
                             running=lambda: bool(scheduler.running) and not lifetime.stopping())
+    upkeep = CheckpointUpkeep(store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
+                              plugins=plugins, stopping=lifetime.stopping, fence=fence.check)
     router = ControlRouter(config=current.get, store=store, slurm=slurm, actions=actions, drift=drift,
-                           fence=fence, lock=lock, clock=clock, role=lifetime.role,
+                           upkeep=upkeep, fence=fence, lock=lock, clock=clock, role=lifetime.role,
                            ping=lifetime.ping, active_holder=lifetime.active_holder, wake=wake)
     server_group: list[Callable[[str], None]] = []
 
@@ -139,9 +141,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
             allow_signals=config.checkpoints.allow_signals,
             signal_grace_s=config.checkpoints.signal_grace_s,
             manifests_per_pass=config.checkpoints.manifests_per_pass),
-        checkpoint_upkeep=CheckpointUpkeep(
-            store, store.checkpoints, config.checkpoints, clock, action_lock=lock, plugins=plugins,
-            stopping=lifetime.stopping, fence=fence.check),
+        checkpoint_upkeep=upkeep,
         drift=drift, operations=operations, router=router, node_loss=node_loss,
         reloader=ConfigReloader(config.path, current.get, apply, store, clock),
         on_start=on_start)

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from ..checkpoints.access import checkpoint_dir_problem
+from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
 from ..control import Peer, is_admin
 from ..drift.watch import DriftWatch
@@ -32,6 +33,7 @@ from ..lease import FencedError
 from ..model import Run, attempt_to_dict, run_to_dict
 from ..run_actions import RunActions
 from ..spec import parse_spec
+from ..status_view import status_view
 from . import requests as rq
 
 log = structlog.get_logger(__name__)
@@ -49,6 +51,7 @@ class ControlRouter:
         slurm: SlurmClient,
         actions: RunActions,
         drift: DriftWatch | None,
+        upkeep: CheckpointUpkeep,
         fence: Fence,
         lock: threading.Lock,
         clock: Clock,
@@ -62,6 +65,7 @@ class ControlRouter:
         self._slurm = slurm
         self._actions = actions
         self._drift = drift
+        self._upkeep = upkeep
         self._fence = fence
         self._lock = lock
         self._clock = clock
@@ -78,6 +82,8 @@ class ControlRouter:
             request = rq.parse_request(raw)
             if isinstance(request, rq.Ping):
                 return {"ok": True, "result": self._ping()}
+            if isinstance(request, rq.Status):
+                return {"ok": True, "result": self._status(request)}
             actor = peer.user
             with structlog.contextvars.bound_contextvars(op=op, user=actor):
                 return self._change(request, peer, actor, client_alive)
@@ -104,6 +110,11 @@ class ControlRouter:
         if isinstance(request, rq.DriftScan):
             # Not under the lock as a whole: only the judging and acting part takes it.
             return {"ok": True, "result": self._drift_scan(request, actor)}
+        if isinstance(request, rq.CheckpointsPrune):
+            # Likewise: the upkeep takes the lock for the re-checks and the deletes only.
+            return {"ok": True, "result": self._upkeep.prune_request(
+                request.run_id, actor=actor, keep_last=request.keep_last,
+                keep_hourly_for=request.keep_hourly_for, keep_daily_for=request.keep_daily_for)}
         if isinstance(request, rq.Wake):
             log.info("control.wake", by=actor, why=request.why[:200])
             self._wake()
@@ -164,6 +175,15 @@ class ControlRouter:
         if self._drift is None:
             raise UsageError("version drift is not configured (no [drift] in the config)")
         return self._drift.scan_request(request.nodes, actor)
+
+    def _status(self, request: rq.Status) -> dict[str, Any]:
+        """A read for ``b300ctl status`` from the store the daemon has open (no lock), so
+        that b300ctl need not import the store; answered, like ping, to anyone who may
+        connect to the socket."""
+        config = self._config()
+        view = status_view(self._store, {"run": request.run, "all": request.all},
+                           lease_name=config.lease_name, state_dir=config.state_dir, now=self._clock())
+        return {**view, "daemon": self._ping()}
 
     def _run_reply(self, run: Run) -> dict[str, Any]:
         return {"run": run_to_dict(run),

@@ -115,3 +115,29 @@ def _keep_per_bucket(
         if bucket not in seen:
             seen.add(bucket)
             keep(s, label)
+
+
+def requested_policy(configured: RetentionPolicy, *, keep_last: object = None,
+                     keep_hourly_for: object = None, keep_daily_for: object = None) -> RetentionPolicy:
+    """``configured`` with a person's overrides (``b300ctl checkpoints --keep-*``; None keeps
+    the configured value). The same check on both sides of the control socket: b300ctl
+    before it asks, the daemon on what it is asked. Raises UsageError naming the option."""
+    from ..errors import UsageError
+    from .config import parse_span
+
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                  or keep_last < 1):
+        raise UsageError("--keep-last must be at least 1")
+
+    def span(value: object, option: str, default: timedelta) -> timedelta:
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise UsageError(f"{option} must be a duration such as 7d")
+        return parse_span(value.strip(), option, "checkpoints", UsageError)
+
+    return RetentionPolicy(
+        keep_last=configured.keep_last if keep_last is None else keep_last,
+        hourly_for=span(keep_hourly_for, "--keep-hourly-for", configured.hourly_for),
+        daily_for=span(keep_daily_for, "--keep-daily-for", configured.daily_for),
+    )

@@ -23,6 +23,10 @@ final checkpoints still need their copies), in this order:
 
 Nothing here raises into the scheduler: a target that is down is logged (and an
 event raised once, when it goes down) and retried on the next pass.
+
+:meth:`CheckpointUpkeep.prune_request` is step 1 and 3 for one run, now, asked by a
+person (``b300ctl checkpoints RUN --prune --yes``, control op ``checkpoints_prune``),
+with the retention options given and that person as the actor of the events.
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import structlog
 
-from ..errors import B300Error
+from ..errors import B300Error, UsageError
 from ..events import Kind
 from ..interfaces import CheckpointRepository, NewEvent, ReplicaLister, ReplicationTarget, Store
 from ..model import CheckpointInfo, Run
@@ -49,9 +55,27 @@ from .prune import anchor_of, finish_interrupted_deletes, plan_remote_prune, pru
 from .records import plan_state
 from .replicate import Throttle, load_target, replica_name, replicate
 from .resume import pending_resumes
-from .retention import PrunePlan, plan_prune
+from .retention import PrunePlan, RetentionPolicy, plan_prune, requested_policy
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPrune:
+    """What one local prune of a run did: ``deleted`` paths, ``kept`` paths with why, and
+    ``refused`` (why it stopped short) or ``unconfirmed`` (kept: a target lost its copy)."""
+
+    run_id: str
+    deleted: tuple[str, ...] = ()
+    kept: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    refused: str = ""
+    unconfirmed: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The daemon's answer to ``checkpoints_prune`` (what ``b300ctl checkpoints --prune --yes`` prints)."""
+        return {"run": self.run_id, "deleted": list(self.deleted),
+                "kept": {path: list(why) for path, why in self.kept.items()},
+                "refused": self.refused, "unconfirmed": list(self.unconfirmed)}
 
 
 class CheckpointUpkeep:
@@ -88,6 +112,42 @@ class CheckpointUpkeep:
             log.warning("checkpoints.upkeep_failed", error=str(exc))
         except Exception:
             log.exception("checkpoints.upkeep_crashed")
+
+    def prune_request(self, run_id: str, *, actor: str, keep_last: object = None,
+                      keep_hourly_for: object = None, keep_daily_for: object = None) -> dict[str, Any]:
+        """The control op ``checkpoints_prune``: :meth:`prune_now` with the configured
+        retention overridden by the options given (None: the configured value); its answer."""
+        policy = requested_policy(self._cfg.retention, keep_last=keep_last,
+                                  keep_hourly_for=keep_hourly_for, keep_daily_for=keep_daily_for)
+        return self.prune_now(run_id, policy=policy, actor=actor).to_dict()
+
+    def prune_now(self, run_id: str, *, policy: RetentionPolicy, actor: str) -> LocalPrune:
+        """Prune one run's local checkpoints now, as a pass does (finish interrupted deletes,
+        list, confirm every replica on its target, re-verify the anchor and re-read the
+        pending resumes under the action lock, intent event, rename-then-delete), with
+        ``policy`` and ``actor`` on the events. Asked by a person, so ``[checkpoints] prune``
+        need not be on; remote copies are left to the pass. Must not be called holding the
+        action lock (it takes it for the deletes). Raises NotFoundError for an unknown run,
+        UsageError for a run without a checkpoint dir, B300Error when a target fails."""
+        run = self._store.get_run(run_id)
+        spec = parse_spec(run.spec_toml, where=f"run {run.id}")
+        root = spec.checkpoint.dir
+        if not root:
+            raise UsageError(f"run {run.id} has no checkpoint dir")
+        self._fence(f"checkpoint prune of run {run.id} for {actor}")
+        leftovers = finish_interrupted_deletes(root)
+        if leftovers:
+            log.info("checkpoints.finished_interrupted_delete", run=run.id, paths=list(leftovers))
+        found = load_layout(spec.checkpoint.layout, self._plugins).list_checkpoints(root)
+        self._checkpoints.record_listing(run.id, found, self._clock())
+        try:
+            with ExitStack() as stack:
+                targets = {t.name: self._open(run.id, t, stack) for t in self._cfg.targets}
+                return self._prune_local(run, root, found, targets, policy=policy, actor=actor)
+        except B300Error:
+            raise
+        except Exception as exc:  # a target failing mid-way (socket, SSH, botocore)
+            raise B300Error(f"prune of run {run.id} stopped: {_describe(exc)}") from exc
 
     def _pass(self) -> None:
         throttle = Throttle(self._cfg.bandwidth_limit)
@@ -191,43 +251,55 @@ class CheckpointUpkeep:
     def _pending(self, run_id: str) -> set[str]:
         return pending_resumes(self._store.attempts(run_id))
 
-    def _plan(self, run_id: str, found: list[CheckpointInfo], pending: set[str]) -> PrunePlan:
+    def _plan(self, run_id: str, found: list[CheckpointInfo], pending: set[str],
+              policy: RetentionPolicy) -> PrunePlan:
         known = {c.info.path: c for c in self._checkpoints.checkpoints(run_id)}
         states = [plan_state(c, known.get(c.path)) for c in found]
-        return plan_prune(states, self._cfg.retention, self._clock(), pending_resume=pending,
+        return plan_prune(states, policy, self._clock(), pending_resume=pending,
                           replication_targets=[t.name for t in self._cfg.targets])
 
     def _prune_local(self, run: Run, root: str, found: list[CheckpointInfo],
-                     targets: Mapping[str, ReplicationTarget | None]) -> None:
-        plan = self._plan(run.id, found, self._pending(run.id))
+                     targets: Mapping[str, ReplicationTarget | None], *,
+                     policy: RetentionPolicy | None = None, actor: str = "daemon") -> LocalPrune:
+        """Delete what the retention plan says, after the re-checks the module docstring lists."""
+        policy = policy or self._cfg.retention
+        plan = self._plan(run.id, found, self._pending(run.id), policy)
         if not plan.delete:
-            return
-        if any(t is None for t in targets.values()):
-            return  # cannot confirm the copies on a target that is down: delete nothing
+            return LocalPrune(run.id, kept=plan.keep)
+        down = sorted(name for name, t in targets.items() if t is None)
+        if down:
+            # Cannot confirm the copies on a target that is down: delete nothing.
+            return LocalPrune(run.id, kept=plan.keep, refused=f"target {', '.join(down)} unreachable: "
+                              "the copies there cannot be confirmed; nothing deleted")
         missing = self._unconfirmed(run.id, plan, targets)
         anchor = anchor_of(plan)
         anchor_ok = anchor is not None and verify(anchor).ok
         with self._lock:
             # Recovery picks resume points under this lock: read them again here.
-            again = self._plan(run.id, found, self._pending(run.id))
+            again = self._plan(run.id, found, self._pending(run.id), policy)
             if anchor_of(again) != anchor:
-                return  # the picture changed; the next pass plans afresh
+                return LocalPrune(run.id, kept=again.keep, refused="the newest verified checkpoint "
+                                  "changed meanwhile; nothing deleted (the next pass plans afresh)")
             planned = {c.path for c in plan.delete}
-            delete = tuple(c for c in again.delete if c.path in planned and c.path not in missing)
+            # lexists: another prune of this run (a pass, a request) may have got there first.
+            delete = tuple(c for c in again.delete
+                           if c.path in planned and c.path not in missing and os.path.lexists(c.path))
             if not delete:
-                return
+                return LocalPrune(run.id, kept=again.keep, unconfirmed=tuple(sorted(missing)))
             self._fence(f"delete {len(delete)} checkpoints of run {run.id}")
-            self._store.append_events([NewEvent(Kind.CHECKPOINT_PRUNE_STARTED, run_id=run.id,
+            self._store.append_events([NewEvent(Kind.CHECKPOINT_PRUNE_STARTED, run_id=run.id, actor=actor,
                                                 data={"paths": [c.path for c in delete]})], self._clock())
             result = prune_local(PrunePlan(keep=again.keep, delete=delete), root, dry_run=False,
                                  verify=lambda p: p == anchor and anchor_ok)
             if result.refused:
                 log.warning("checkpoints.prune_refused", run=run.id, why=result.refused)
-                self._store.append_events([NewEvent(Kind.CHECKPOINT_PRUNE_REFUSED, run_id=run.id,
+                self._store.append_events([NewEvent(Kind.CHECKPOINT_PRUNE_REFUSED, run_id=run.id, actor=actor,
                                                     data={"why": result.refused})], self._clock())
             if result.deleted:
-                self._checkpoints.record_pruned(run.id, result.deleted, self._clock())
-                log.info("checkpoints.pruned", run=run.id, deleted=len(result.deleted))
+                self._checkpoints.record_pruned(run.id, result.deleted, self._clock(), actor=actor)
+                log.info("checkpoints.pruned", run=run.id, deleted=len(result.deleted), by=actor)
+            return LocalPrune(run.id, deleted=result.deleted, kept=again.keep, refused=result.refused,
+                              unconfirmed=tuple(sorted(missing)))
 
     def _unconfirmed(self, run_id: str, plan: PrunePlan,
                      targets: Mapping[str, ReplicationTarget | None]) -> set[str]:

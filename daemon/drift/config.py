@@ -37,8 +37,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..validate import get_int, get_str, get_table, parse_duration, reject_unknown
-from .records import Policy
-from .ssh import Endpoint, SshSettings
+from .records import Endpoint, Policy, SshSettings  # not from .ssh: b300ctl reads the config without paramiko
 
 _ABS = re.compile(r"/[^\x00\n]*")
 # Paths that reach a remote shell: a strict character set, quoted as well.

@@ -123,3 +123,25 @@ class ScanResult:
     drained: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where to reach a node (or the jump host) over SSH."""
+
+    host: str
+    port: int = 22
+
+
+@dataclass(frozen=True, slots=True)
+class SshSettings:
+    """How to reach nodes. ``key_file`` None means: use the ssh-agent."""
+
+    user: str
+    known_hosts: str
+    key_file: str | None = None
+    jump: Endpoint | None = None
+    jump_user: str | None = None
+    concurrency: int = 64
+    connect_timeout_s: float = 5.0
+    command_timeout_s: float = 20.0

@@ -2,7 +2,9 @@
 
 :func:`open_store` is the way in: it builds the engine (SQLite pragmas and
 locking, PostgreSQL timeouts), migrates the database to the newest schema
-and returns a :class:`SqlStore`. Table classes never leave this package.
+and returns a :class:`SqlStore`. :func:`open_store_for_reading` is b300ctl's:
+it never migrates (nor imports Alembic) and refuses a schema other than its
+own. Table classes never leave this package.
 """
 
 from __future__ import annotations
@@ -11,12 +13,9 @@ import sqlite3
 import time
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.util.exc import CommandError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
@@ -26,11 +25,14 @@ from . import (
     drift_tables,  # noqa: F401 - registers the drift tables in METADATA
     lease_tables,  # noqa: F401 - registers the lease table in METADATA
 )
-from .deadline import SocketWatchdog
+from .schema_revision import SCHEMA_HEADS, SCHEMA_REVISIONS
 from .sessions import WRITE_OPTION, masked, store_errors
 from .sql_store import SqlStore
 
-__all__ = ["SqlStore", "create_engine", "open_store"]
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+__all__ = ["SqlStore", "create_engine", "open_store", "open_store_for_reading"]
 
 # How long a writer waits for SQLite's lock before failing with "database is locked".
 _SQLITE_BUSY_TIMEOUT_S = 10
@@ -63,6 +65,52 @@ def open_store(url: str) -> SqlStore:
     return SqlStore(engine)
 
 
+def open_store_for_reading(url: str) -> SqlStore:
+    """Open the store at ``url`` as it is, for b300ctl's queries: no migration.
+
+    The schema must be this b300's (:data:`SCHEMA_HEADS`, read from the
+    ``alembic_version`` table without importing Alembic): a reader that migrated
+    would change the database under a running daemon of another version.
+    Raises StoreError (one line) when a SQLite file does not exist, when the
+    database has no schema yet, an older one (b300d migrates it when it starts) or
+    a newer one (this b300ctl is older than the daemon), and when it cannot be
+    reached; ConfigError for a URL that cannot be used.
+    """
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError:
+        raise ConfigError("state store URL is not a valid database URL") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not parsed.query.get("uri") \
+            and not Path(parsed.database).exists():
+        raise StoreError(f"no state store at {parsed.database} (has b300d been started?)")
+    engine = create_engine(url, pool_size=1, read_only=True, application_name="b300ctl")
+    try:
+        _check_schema(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return SqlStore(engine)
+
+
+def _check_schema(engine: Engine) -> None:
+    with store_errors(engine.url), engine.connect() as connection:
+        found: set[str] = set()
+        if sa.inspect(connection).has_table("alembic_version"):
+            found = {str(r) for r in connection.execute(sa.text("SELECT version_num FROM alembic_version"))
+                     .scalars()}
+    if found == SCHEMA_HEADS:
+        return
+    where = masked(engine.url)
+    if not found:
+        raise StoreError(f"the state store at {where} has no schema yet (has b300d been started?)")
+    have, want = ",".join(sorted(found)), ",".join(sorted(SCHEMA_HEADS))
+    if found <= SCHEMA_REVISIONS:
+        raise StoreError(f"the state store at {where} has an older schema ({have}) than this b300 ({want}); "
+                         "b300d migrates it when it starts")
+    raise StoreError(f"the state store at {where} has a schema ({have}) this b300 does not know "
+                     f"(it knows up to {want}): a newer b300 migrated it; upgrade b300ctl")
+
+
 def create_engine(
     url: str,
     *,
@@ -72,6 +120,7 @@ def create_engine(
     pool_size: int = 5,
     pre_ping: bool = False,
     application_name: str = "b300",
+    read_only: bool = False,
 ) -> Engine:
     """An engine for ``url`` (not migrated). On PostgreSQL every session has
     ``statement_timeout``/``lock_timeout``, TCP keepalives and
@@ -79,7 +128,9 @@ def create_engine(
     ``statement_timeout_s + 2`` s that shuts the socket down. No pre-ping of
     pooled connections (SQLAlchemy's ping is not under that deadline, and hung
     for as long as a cut-off path did): a connection the server dropped fails
-    one call with a StoreError, and SQLAlchemy then empties the pool."""
+    one call with a StoreError, and SQLAlchemy then empties the pool.
+    ``read_only``: the database refuses every write on its connections (SQLite
+    ``query_only``, PostgreSQL ``default_transaction_read_only``)."""
     try:
         parsed = make_url(url)
     except sa_exc.ArgumentError:
@@ -87,7 +138,7 @@ def create_engine(
         raise ConfigError("state store URL is not a valid database URL") from None
     try:
         if parsed.get_backend_name() == "sqlite":
-            return _create_sqlite_engine(parsed)
+            return _create_sqlite_engine(parsed, read_only=read_only)
         connect_args: dict[str, Any] = {}
         libpq = parsed.get_driver_name() in _LIBPQ_DRIVERS
         if libpq and "connect_timeout" not in parsed.query:
@@ -101,7 +152,8 @@ def create_engine(
                 options=(f"-c statement_timeout={int(statement_timeout_s * 1000)}"
                          f" -c lock_timeout={int(lock_timeout_s * 1000)}"
                          f" -c idle_in_transaction_session_timeout="
-                         f"{int(statement_timeout_s * 2000)}"))
+                         f"{int(statement_timeout_s * 2000)}"
+                         + (" -c default_transaction_read_only=on" if read_only else "")))
         engine = sa.create_engine(parsed, pool_pre_ping=pre_ping, connect_args=connect_args,
                                   pool_size=pool_size)
         if libpq and parsed.get_driver_name() == "psycopg":
@@ -113,6 +165,8 @@ def create_engine(
 
 def _guard_statements(engine: Engine, timeout_s: float) -> None:
     """Arm a client-side deadline around every statement (see b300.store.deadline)."""
+    from .deadline import SocketWatchdog  # its thread and structlog only where PostgreSQL is used
+
     watchdog = SocketWatchdog()
 
     def _before(conn: Connection, cursor: Any, *_args: Any) -> None:
@@ -138,7 +192,7 @@ def _guard_statements(engine: Engine, timeout_s: float) -> None:
     sa.event.listen(engine, "handle_error", _error)
 
 
-def _create_sqlite_engine(url: URL) -> Engine:
+def _create_sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     database = url.database or ""
     if database in ("", ":memory:") or url.query.get("mode") == "memory":
         raise ConfigError(
@@ -151,9 +205,17 @@ def _create_sqlite_engine(url: URL) -> Engine:
         except OSError as exc:
             raise StoreError(f"cannot create the state store's directory: {exc}") from exc
     engine = sa.create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S})
-    sa.event.listen(engine, "connect", _on_sqlite_connect)
+    sa.event.listen(engine, "connect", _on_sqlite_connect_read_only if read_only else _on_sqlite_connect)
     sa.event.listen(engine, "begin", _on_sqlite_begin)
     return engine
+
+
+def _on_sqlite_connect_read_only(dbapi_connection: Any, _record: Any) -> None:
+    # A reader changes nothing, not even the journal mode (the daemon sets WAL); from
+    # here on SQLite refuses any write on this connection.
+    dbapi_connection.isolation_level = None
+    dbapi_connection.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_S * 1000}")
+    dbapi_connection.execute("PRAGMA query_only = ON")
 
 
 def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -206,6 +268,8 @@ def _on_sqlite_begin(connection: Connection) -> None:
 
 
 def _migration_config() -> Config:
+    from alembic.config import Config  # the migrating path only: readers never import Alembic
+
     # The installed b300.sql package (not a path in a source tree), so this
     # works from editable and regular installs alike; both are real directories.
     script_dir = str(files("b300.sql"))
@@ -217,6 +281,9 @@ def _migration_config() -> Config:
 
 def _migrate(engine: Engine) -> None:
     """Upgrade the schema to every head, in one transaction that other openers wait for."""
+    from alembic import command
+    from alembic.util.exc import CommandError
+
     config = _migration_config()
     with store_errors(engine.url):
         try:

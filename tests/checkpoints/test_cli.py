@@ -13,7 +13,7 @@ from ckpt_fixtures import generic
 
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest
-from b300.ctl import main
+from b300.cli import main
 from b300.store import open_store
 
 NOW = datetime.now(UTC)
@@ -43,7 +43,7 @@ def _setup(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _ctl(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "b300.ctl", "--config", str(cfg), *args],
+    return subprocess.run([sys.executable, "-m", "b300.cli", "--config", str(cfg), *args],
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -68,10 +68,21 @@ def test_table_and_prune_dry_run_unless_confirmed(tmp_path: Path, capsys: pytest
     assert main(["--config", str(cfg), "checkpoints", "ck-1", "--keep-last", "2", "--prune"]) == 0
     assert "would delete 2" in capsys.readouterr().out
     assert len(list(ckpt.iterdir())) == 6
-    assert main(["--config", str(cfg), "checkpoints", "ck-1", "--keep-last", "2", "--prune", "--yes"]) == 0
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_20", "step_40", "step_50", "step_60"]
+
+
+def test_a_confirmed_prune_is_the_daemons_and_nothing_is_deleted_without_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--prune --yes is a request to b300d (tests/ops/test_ctl_live.py prunes through a
+    running one); b300ctl itself neither deletes nor writes to the store."""
+    cfg, ckpt = _setup(tmp_path)
     with open_store(f"sqlite:///{tmp_path / 'state.db'}") as store:
-        assert [e.kind for e in store.events(run_id="ck-1")][-1] == "checkpoint.pruned"
+        before = store.events(run_id="ck-1")
+    assert main(["--config", str(cfg), "checkpoints", "ck-1", "--keep-last", "2", "--prune", "--yes"]) == 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "b300d is not running" in err, err
+    assert len(list(ckpt.iterdir())) == 6
+    with open_store(f"sqlite:///{tmp_path / 'state.db'}") as store:
+        assert store.events(run_id="ck-1") == before
 
 
 def test_bad_input_is_one_line_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,7 +28,7 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     cfg.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n"
                    f"database_url = {json.dumps(url)}\n")
     cfg.chmod(0o600)
-    proc = subprocess.Popen([sys.executable, "-m", "b300.ctl", "--config", str(cfg), "events",
+    proc = subprocess.Popen([sys.executable, "-m", "b300.cli", "--config", str(cfg), "events",
                              "--limit", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from b300.ctl import main
+from b300.cli import main
 from b300.store import open_store
 
 _COMMANDS = ["submit", "status", "resubmit", "cancel", "events", "report", "checkpoints", "drift", "nodes",

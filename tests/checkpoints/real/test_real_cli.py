@@ -29,7 +29,7 @@ def _run(tmp_path: Path, layout: str, ckpt: Path) -> Path:
 
 
 def _ctl(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "b300.ctl", "--config", str(cfg), "checkpoints", "ck-1", *args]
+    argv = [sys.executable, "-m", "b300.cli", "--config", str(cfg), "checkpoints", "ck-1", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 

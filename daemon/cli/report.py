@@ -1,4 +1,5 @@
-"""``b300ctl report --since DATE [--until DATE] --out FILE [--format html|text|json]``."""
+"""``b300ctl report --since WHEN [--until WHEN] [--out FILE] [--format html|text|json]``:
+the weekly report (ETTR, interruptions, nodes, checkpoints) for any window, from the store."""
 
 from __future__ import annotations
 
@@ -7,29 +8,22 @@ import base64
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config import Config
 from ..errors import UsageError
-from ..events_cli import parse_when
-from ..interfaces import Store
-from .collect import collect_report
-from .compute import WeeklyReport, Window
+from .command import Command, Context, arg
+from .events import parse_when
 
+if TYPE_CHECKING:
+    from ..report.compute import WeeklyReport
 
-def add_report_command(add: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add("report", help="the weekly report (ETTR, interruptions, nodes, checkpoints) for a window")
-    p.add_argument("--since", required=True, metavar="WHEN", help="start (date, ISO time, or 7d ago)")
-    p.add_argument("--until", metavar="WHEN", help="end, excluded (default: now)")
-    p.add_argument("--out", metavar="FILE", help="write here (default: stdout)")
-    p.add_argument("--format", choices=["html", "text", "json"],
-                   help="html (charts inline), text or json (default: from --out's suffix, else text)")
+_SUFFIX_FORMAT = {".html": "html", ".htm": "html", ".json": "json"}
 
 
 def report_json(report: WeeklyReport) -> dict[str, Any]:
+    """The report as JSON-able data (times as ISO text), with each ETTR figure."""
     def conv(x: Any) -> Any:
         if isinstance(x, datetime):
             return x.isoformat()
@@ -47,29 +41,33 @@ def report_json(report: WeeklyReport) -> dict[str, Any]:
 
 
 def render(report: WeeklyReport, fmt: str) -> str:
-    from .render import render_text
+    """The report as ``json``, ``text`` or ``html`` (charts inline as data: URLs)."""
+    from ..report.render import render_text
 
     if fmt == "json":
         return json.dumps(report_json(report), indent=2) + "\n"
     if fmt == "text":
         return render_text(report)
-    from .render import charts, render_html
+    from ..report.render import charts, render_html
 
     return render_html(report, charts(report),
                        lambda _name, png: "data:image/png;base64," + base64.b64encode(png).decode())
 
 
-def run_report(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], Store]) -> int:
-    now = datetime.now(UTC)
+def run_report(ctx: Context, args: argparse.Namespace) -> int:
+    from ..report.collect import collect_report
+    from ..report.compute import Window
+
+    now = ctx.clock()
     since = parse_when(args.since, now, "--since")
     until = parse_when(args.until, now, "--until") if args.until else now
     if until <= since:
         raise UsageError("--until must be after --since")
-    fmt = args.format or ("json" if args.json else None)
+    fmt = args.format or ("json" if ctx.json else None)
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ""
-        fmt = {".html": "html", ".htm": "html", ".json": "json"}.get(suffix, "text")
-    store = open_store(cfg)
+        fmt = _SUFFIX_FORMAT.get(suffix, "text")
+    store = ctx.open_store()
     try:
         report = collect_report(store, Window(since, until), now)
     finally:
@@ -89,3 +87,15 @@ def run_report(cfg: Config, args: argparse.Namespace, open_store: Callable[[Conf
     else:
         sys.stdout.write(text)
     return 0
+
+
+COMMANDS = (
+    Command("report", "the weekly report (ETTR, interruptions, nodes, checkpoints) for a window",
+            run_report, arguments=(
+                arg("--since", required=True, metavar="WHEN", help="start (date, ISO time, or 7d ago)"),
+                arg("--until", metavar="WHEN", help="end, excluded (default: now)"),
+                arg("--out", metavar="FILE", help="write here (default: stdout)"),
+                arg("--format", choices=["html", "text", "json"],
+                    help="html (charts inline), text or json (default: from --out's suffix, else text)"),
+            )),
+)

@@ -7,50 +7,28 @@ daemon (control op ``drift_scan``), which runs it under its action lock.
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..config import Config
-from ..control import ask_daemon
 from ..errors import UsageError
-from ..events import Kind
-from ..interfaces import Store
-from .baseline import expected_values
-from .scanner import finding_to_dict
+from .command import Command, Context, arg
+from .output import print_json, print_table, when
 
 _SCAN_TIMEOUT_S = 3600.0
+_CELL_MAX = 24
 
 
-def add_drift_commands(subparsers: Any, parents: Sequence[argparse.ArgumentParser]) -> None:
-    """Add ``drift`` (show the matrix) and ``drift scan [NODES]`` to b300ctl's subcommands."""
-    p = subparsers.add_parser("drift", help="version drift: the latest matrix of nodes by probe",
-                              parents=list(parents))
-    sub = p.add_subparsers(dest="drift_command", parser_class=type(p))
-    s = sub.add_parser("scan", help="ask the daemon to scan now", parents=list(parents))
-    s.add_argument("nodes", nargs="?", default="", help="hostlist, e.g. gpu[01-04] (default: all)")
-
-
-def run_drift_command(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], Store]) -> int:
-    """Run ``b300ctl drift [scan]``; returns the exit code."""
-    if getattr(args, "drift_command", None) == "scan":
-        return _scan(cfg, args)
-    return _show(cfg, args, open_store)
-
-
-def _scan(cfg: Config, args: argparse.Namespace) -> int:
+def run_scan(ctx: Context, args: argparse.Namespace) -> int:
     from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
     try:
         nodes = list(NodeSet(args.nodes)) if args.nodes else []
     except NodeSetParseError as exc:
         raise UsageError(f"bad node list {args.nodes!r}: {exc}") from None
-    code, result = ask_daemon(cfg.socket, {"op": "drift_scan", "nodes": nodes},
-                              timeout=_SCAN_TIMEOUT_S)
+    code, result = ctx.ask({"op": "drift_scan", "nodes": nodes}, timeout=_SCAN_TIMEOUT_S)
     if code:
         return code
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if ctx.json:
+        print_json(result)
         return 0
     statuses: dict[str, int] = {}
     for node in result["nodes"].values():
@@ -67,10 +45,13 @@ def _scan(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], Store]) -> int:
-    from .scanner import reports_from_matrix
+def run_show(ctx: Context, args: argparse.Namespace) -> int:
+    from ..drift.baseline import expected_values
+    from ..drift.scanner import finding_to_dict, reports_from_matrix
+    from ..events import Kind
 
-    store = open_store(cfg)
+    cfg = ctx.config()
+    store = ctx.open_store()
     try:
         drift = store.drift
         last = drift.last_scan()
@@ -83,21 +64,20 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
     finally:
         store.close()
     if last is None:
-        if args.json:
-            print(json.dumps({"scanned_at": None, "nodes": {}, "findings": [], "drained": {}}))
+        if ctx.json:
+            print_json({"scanned_at": None, "nodes": {}, "findings": [], "drained": {}}, lines=True)
         else:
             print("no drift scan yet (b300ctl drift scan)")
         return 0
     _started, finished, matrix = last
     reports = reports_from_matrix(matrix)
     expected = expected_values(reports, cfg.drift.pinned if cfg.drift else {})
-    if args.json:
+    if ctx.json:
         exp: dict[str, dict[str, str | None]] = {}
         for (part, probe), value in sorted(expected.items()):
             exp.setdefault(part, {})[probe] = value
-        print(json.dumps({"scanned_at": finished.isoformat(), "nodes": matrix, "expected": exp,
-                          "findings": findings, "drained": drained, "failed_actions": failed},
-                         indent=2))
+        print_json({"scanned_at": finished.isoformat(), "nodes": matrix, "expected": exp,
+                    "findings": findings, "drained": drained, "failed_actions": failed})
         return 0
     probes = sorted({p for r in reports for p in r.values})
     table = [["NODE", "PARTITION", "STATUS", *[p.upper() for p in probes]]]
@@ -115,9 +95,7 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
                 cells.append(v.value if exp_value in (None, v.value) else f"*{v.value}")
         table.append([r.node, r.partition, r.status.value, *[_short(c) for c in cells]])
     print(f"last scan {finished:%Y-%m-%d %H:%M:%S}Z   (* differs from the baseline, ! no value)")
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print_table(table)
     if findings:
         print("\nopen findings:")
         for f in findings:
@@ -127,9 +105,18 @@ def _show(cfg: Config, args: argparse.Namespace, open_store: Callable[[Config], 
     if failed:
         print("\nfailed at the last scan (retried at the next):")
         for item in failed:
-            print(f"  {str(item['ts'])[:19].replace('T', ' ')}  {item['error']}")
+            print(f"  {when(str(item['ts']))}  {item['error']}")
     return 0
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= 24 else text[:21] + "..."
+    return text if len(text) <= _CELL_MAX else text[:_CELL_MAX - 3] + "..."
+
+
+COMMANDS = (
+    Command("drift", "version drift: the latest matrix of nodes by probe", run_show, subcommands=(
+        Command("scan", "ask the daemon to scan now", run_scan, mutating=True, arguments=(
+            arg("nodes", nargs="?", default="", help="hostlist, e.g. gpu[01-04] (default: all)"),
+        )),
+    )),
+)
