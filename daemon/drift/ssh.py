@@ -23,6 +23,9 @@ import structlog
 
 from .records import CommandResult, Endpoint, NodeRun, NodeStatus, SshSettings
 
+# Endpoint and SshSettings are plain records (drift/records.py, so that reading the
+# config needs no paramiko); they are re-exported here, where the SSH users look for them.
+__all__ = ["Endpoint", "ParamikoRunner", "SshSettings", "probe_script", "split_output"]
 log = structlog.get_logger(__name__)
 _MAX_OUTPUT = 1024 * 1024  # per node and stream; nvidia-smi -q on 8 GPUs is ~100 KB
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
