@@ -41,16 +41,16 @@ else
   echo "demo: b300d running (pid $(cat "$DEMO/b300d.pid"), log $DEMO/b300d.log)"
 fi
 
-run=$("$PY" -m b300.ctl --json submit deploy/examples/demo-job.toml | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["run"]["id"])')
+run=$("$PY" -m b300.cli --json submit deploy/examples/demo-job.toml | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["run"]["id"])')
 echo "demo: submitted run $run"
 for _ in $(seq 1 120); do
-  state=$("$PY" -m b300.ctl --json status "$run" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["run"]["state"])')
+  state=$("$PY" -m b300.cli --json status "$run" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["run"]["state"])')
   case "$state" in COMPLETED|FAILED|CANCELLED) break ;; esac
   sleep 1
 done
-"$PY" -m b300.ctl status --all
+"$PY" -m b300.cli status --all
 echo
-"$PY" -m b300.ctl status "$run"
+"$PY" -m b300.cli status "$run"
 echo
 for log in "$DEMO/state/job-logs/b300-$run-a"*.out; do
   [[ -f "$log" ]] && { echo "demo: the job's output ($log):"; cat "$log"; }
