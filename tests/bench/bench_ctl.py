@@ -138,15 +138,16 @@ def main() -> None:
     ap.add_argument("--daemon", action="store_true",
                     help="also time status while a b300d runs (needs the cluster $SLURM_CONF names)")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-ctl-"))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ctl-"))  # left for a look at b300d.log
     tmp.chmod(0o700)
     state = tmp / "state"
     state.mkdir(mode=0o750)
     run_id = make_store(state, args.runs)
     cfg = tmp / "b300.toml"
     conf = os.environ.get("SLURM_CONF", "")
+    # No node-down trigger: it is a PERM strigger that would outlive the bench's daemon.
     cfg.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\npoll_interval = \"300s\"\n"
-                   f'[slurm]\nbackend = "cli"\nconf = {json.dumps(conf)}\n')
+                   f'[slurm]\nbackend = "cli"\nconf = {json.dumps(conf)}\n[recovery]\nnode_trigger = false\n')
     cfg.chmod(0o600)
     env = {**os.environ}
     env.pop("B300_CONFIG", None)
