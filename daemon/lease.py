@@ -350,8 +350,16 @@ class DbLease:
             raise FencedError(f"lease lost (epoch {self.epoch}); {action} not done")
         try:
             held = self.renew()
-        except StoreError as exc:
-            raise FencedError(f"cannot prove the lease ({exc}); {action} not done") from None
+        except StoreError as first:
+            # A pooled connection the server dropped fails once (the engine is disposed
+            # on it); a fresh connection proves or refuses for real. Once only, and only
+            # while the lease is still valid here: a proof is still a conditional renewal.
+            if time.monotonic() >= self._valid_until:
+                raise FencedError(f"cannot prove the lease ({first}); {action} not done") from None
+            try:
+                held = self.renew()
+            except StoreError as exc:
+                raise FencedError(f"cannot prove the lease ({exc}); {action} not done") from None
         if not held:
             raise FencedError(f"lease taken over (our epoch {self.epoch}); {action} not done")
         if time.monotonic() >= self._valid_until:
