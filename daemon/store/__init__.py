@@ -20,6 +20,7 @@ from alembic.config import Config
 from alembic.util.exc import CommandError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import PoolProxiedConnection
 
 from ..errors import ConfigError, StoreError
 from . import (
@@ -152,8 +153,9 @@ def _guard_transaction_ends(engine: Engine, watchdog: SocketWatchdog, timeout_s:
     """
     dialect = engine.dialect
 
-    def _guarded(inner: Callable[[Any], None]) -> Callable[[Any], None]:
-        def call(dbapi_connection: Any) -> None:
+    def _guarded(inner: Callable[[PoolProxiedConnection], None],
+                 ) -> Callable[[PoolProxiedConnection], None]:
+        def call(dbapi_connection: PoolProxiedConnection) -> None:
             try:
                 token = watchdog.arm(dbapi_connection.fileno(), timeout_s)
             except Exception:  # a closed connection: the driver will say so
@@ -165,8 +167,8 @@ def _guard_transaction_ends(engine: Engine, watchdog: SocketWatchdog, timeout_s:
                 watchdog.disarm(token)
         return call
 
-    dialect.do_commit = _guarded(dialect.do_commit)  # type: ignore[method-assign]
-    dialect.do_rollback = _guarded(dialect.do_rollback)  # type: ignore[method-assign]
+    dialect.do_commit = _guarded(dialect.do_commit)  # type: ignore[method-assign,assignment]
+    dialect.do_rollback = _guarded(dialect.do_rollback)  # type: ignore[method-assign,assignment]
 
 
 def _create_sqlite_engine(url: URL) -> Engine:
