@@ -125,8 +125,8 @@ def test_node_failure_drains_and_resumes_from_newest_checkpoint(
             wait_for(lambda: _progress(tmp_path) >= 12, 120, "training to pass step 12")
             victim = first["nodes"][1]
             _kill_node(victim, fresh_nodes)
+            gate.touch()  # rank 0 goes on and meets its dead peer, as without the pause
             wait_for(lambda: len(d.run(run_id)["attempts"]) >= 2, 150, "a second attempt")
-            gate.touch()
             status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
         assert status["run"]["state"] == "COMPLETED", status["events"][-5:]
         assert counter.most == 1
