@@ -48,6 +48,25 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: flo
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def gated_command(gate: Path) -> str:
+    """A job command that runs until the test creates ``gate``, then exits 0.
+
+    For a job that must still run at some later point of a test: a timed one
+    (``sleep 20``) can end before that point on a loaded machine. Bounded: after
+    10 minutes without the gate it exits 1.
+    """
+    return f"for i in $(seq 1200); do [ -e {gate} ] && exit 0; sleep 0.5; done; exit 1"
+
+
+def cluster_up() -> None:
+    """``localcluster.sh up`` (idempotent: restarts what was stopped); on failure the
+    test fails with the script's own account of why."""
+    proc = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"localcluster.sh up failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
 def slurm_cmd(conf: str, *argv: str) -> str:
     env = {**os.environ, "SLURM_CONF": conf, "SLURM_TIME_FORMAT": "standard"}
     return subprocess.run(

@@ -85,3 +85,44 @@ def test_renewal_through_a_cut_path_fails_within_its_deadline(pg_url: str) -> No
     finally:
         proxy.close()
         threading.Thread(target=lease.release, daemon=True).start()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("end", ["commit", "rollback on return to the pool"])
+def test_a_transaction_end_through_a_cut_path_fails_within_its_deadline(pg_url: str, end: str) -> None:
+    """COMMIT and ROLLBACK are sent by the driver, not through a cursor: through a path
+    that stopped forwarding they blocked until the path closed (a daemon that had lost
+    its lease hung 90 s in one). Under the deadline they fail like a statement."""
+    import sqlalchemy as sa
+
+    open_store(pg_url).close()
+    url = make_url(pg_url)
+    proxy = CuttableProxy((url.host or "127.0.0.1", url.port or 5432))
+    engine = create_engine(url.set(port=proxy.port).render_as_string(hide_password=False),
+                           statement_timeout_s=1.0, connect_timeout_s=2, pool_size=1)
+    outcome: list[BaseException | None] = []
+
+    def transaction() -> None:
+        conn = engine.connect()
+        try:
+            conn.execute(sa.text("SELECT 1"))
+            proxy.cut()
+            if end == "commit":
+                conn.commit()
+            conn.close()  # returns it to the pool, which rolls back what is open
+        except Exception as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    try:
+        started = time.monotonic()
+        worker = threading.Thread(target=transaction, daemon=True)
+        worker.start()
+        worker.join(15)
+        assert not worker.is_alive(), f"{end} still blocked after 15 s"
+        assert time.monotonic() - started < 6.0  # the 1 s statement timeout + 2 s deadline
+        assert outcome and isinstance(outcome[0], sa.exc.OperationalError), outcome
+    finally:
+        proxy.close()
+        engine.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import PoolProxiedConnection
 
 from ..errors import ConfigError, StoreError
 from . import (
@@ -31,6 +33,8 @@ from .sql_store import SqlStore
 
 if TYPE_CHECKING:
     from alembic.config import Config
+
+    from .deadline import SocketWatchdog
 
 __all__ = ["SqlStore", "create_engine", "open_store", "open_store_for_reading"]
 
@@ -190,6 +194,37 @@ def _guard_statements(engine: Engine, timeout_s: float) -> None:
     sa.event.listen(engine, "before_cursor_execute", _before)
     sa.event.listen(engine, "after_cursor_execute", _after)
     sa.event.listen(engine, "handle_error", _error)
+    _guard_transaction_ends(engine, watchdog, timeout_s)
+
+
+def _guard_transaction_ends(engine: Engine, watchdog: SocketWatchdog, timeout_s: float) -> None:
+    """Put COMMIT and ROLLBACK under the same deadline as statements.
+
+    The driver sends them itself, not through a cursor, so the cursor events above
+    never see them; through a path that stopped forwarding, a commit (or the pool's
+    rollback when a connection is returned) otherwise blocked until the path closed:
+    a daemon that had lost its lease took 90 s to stop. SQLAlchemy has no event
+    around them; every commit and rollback, the pool's reset included, goes through
+    this engine's own dialect instance, so its two methods are wrapped there.
+    """
+    dialect = engine.dialect
+
+    def _guarded(inner: Callable[[PoolProxiedConnection], None],
+                 ) -> Callable[[PoolProxiedConnection], None]:
+        def call(dbapi_connection: PoolProxiedConnection) -> None:
+            try:
+                token = watchdog.arm(dbapi_connection.fileno(), timeout_s)
+            except Exception:  # a closed connection: the driver will say so
+                inner(dbapi_connection)
+                return
+            try:
+                inner(dbapi_connection)
+            finally:
+                watchdog.disarm(token)
+        return call
+
+    dialect.do_commit = _guarded(dialect.do_commit)  # type: ignore[method-assign,assignment]
+    dialect.do_rollback = _guarded(dialect.do_rollback)  # type: ignore[method-assign,assignment]
 
 
 def _create_sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:

@@ -31,9 +31,13 @@ pytestmark = pytest.mark.slurm
 
 
 def drift_config(sim: Sim, nodes: dict[str, int], **extra: Any) -> DriftConfig:
+    """A scan of the simulated nodes. The timeouts are generous (connect 20 s, all probes
+    30 s; the product's defaults are 5 s and 20 s): beside a CPU hog four concurrent SSH
+    handshakes took over 2 s and healthy nodes read TIMEOUT. The test of timeouts
+    themselves sets its own."""
     table: dict[str, Any] = {
-        "known_hosts": str(sim.known_hosts), "key_file": str(sim.key), "connect_timeout": "2s",
-        "command_timeout": "2s", "probes": ["driver", "cuda_driver", "gpu_count", "vbios", "cuda", "nccl",
+        "known_hosts": str(sim.known_hosts), "key_file": str(sim.key), "connect_timeout": "20s",
+        "command_timeout": "30s", "probes": ["driver", "cuda_driver", "gpu_count", "vbios", "cuda", "nccl",
                                             "kernel", "ofed", "fabricmanager"],
         "nodes": {name: {"host": "127.0.0.1", "port": port, "partition": "batch"}
                   for name, port in nodes.items()},
@@ -112,7 +116,8 @@ def test_unreachable_hung_and_rekeyed_nodes_are_reported_not_drained(
         sim.nodes["good2"].host_pub, Path(f"{other}.pub").read_text().split()[1]))
     nodes = {"gpu01": sim.port("garbage"), "gpu02": sim.port("hung"), "gpu03": sim.port("good2"),
              "gpu04": free_port()}
-    cfg = drift_config(sim, nodes, known_hosts=str(known), pinned={"nccl": "2.23.4", "driver": "580.65.06"})
+    cfg = drift_config(sim, nodes, known_hosts=str(known), pinned={"nccl": "2.23.4", "driver": "580.65.06"},
+                       connect_timeout="2s", command_timeout="2s")
     t0 = time.monotonic()
     result = scanner(cfg, store, slurm_conf).scan(None, T0)
     wall = time.monotonic() - t0

@@ -142,7 +142,10 @@ def test_install_layout(installed: Install) -> None:
 
 
 def _spec(run: Path) -> Path:
-    command = f"srun {SYSTEM_PYTHON} {run / 'steps.py'} --steps 40 --ckpt-every 5 --step-time 0.5"
+    # Paused after step 12 until the test opens the gate: the node is killed while the
+    # job surely runs (a free-running 20 s job ended before the kill beside a CPU hog).
+    command = (f"srun {SYSTEM_PYTHON} {run / 'steps.py'} --steps 40 --ckpt-every 5 --step-time 0.5"
+               f" --pause-at 12 --gate {run / 'go'}")
     spec = run / "spec.toml"
     spec.write_text("\n".join([
         'name = "as-b300"', "[job]", f"command = {json.dumps(command)}", "nodes = 2",
@@ -203,6 +206,7 @@ def test_b300d_as_user_b300_drains_a_failed_node_and_recovers(installed: Install
         subprocess.run(["bash", str(CLUSTER), "kill-node", victim], check=True, timeout=60,
                        capture_output=True)
         wait_for(lambda: len(inst.ctl("status", run_id)["attempts"]) >= 2, 180, "a second attempt")
+        (run / "go").touch()
         status = wait_for(lambda: (r := inst.ctl("status", run_id))["run"]["state"]
                           in {"COMPLETED", "FAILED", "CANCELLED"} and r, 300, "the run to end")
         assert status["run"]["state"] == "COMPLETED", status["events"][-5:]
@@ -220,6 +224,7 @@ def test_b300d_as_user_b300_drains_a_failed_node_and_recovers(installed: Install
         assert json.loads((run / "done.json").read_text())["step"] == 40
         assert daemon.poll() is None
     finally:
+        (run / "go").touch()
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
         ids = [ln.split("|")[0] for ln in slurm_cmd(inst.slurm_conf, "squeue", "--noheader",

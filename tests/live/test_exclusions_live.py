@@ -105,7 +105,9 @@ def test_status_shows_each_exclusion_and_its_cause(tmp_path: Path, slurm_conf: s
     d = start_daemon(tmp_path, slurm_conf, '[recovery]\nsettle = "5s"\n')
     failed: list[str] = []
     try:
-        run_id = d.submit(train_spec(tmp_path, "why", "--steps", "40"))
+        # Long enough never to end by itself: the test cancels it twice, and a 40-step run
+        # resumed from its checkpoint ended before the second cancel under load.
+        run_id = d.submit(train_spec(tmp_path, "why", "--steps", "2000"))
         v1, _ = _fail_running_node(d, slurm_conf, run_id, tmp_path, failed)
         d.wait_run(run_id, {"RUNNING"}, timeout=180)
         d.ctl("cancel", run_id)

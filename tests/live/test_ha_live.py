@@ -35,7 +35,15 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from helpers import CuttableProxy, DaemonHandle, make_daemon, slurm_cmd, wait_for, write_spec
+from helpers import (
+    CuttableProxy,
+    DaemonHandle,
+    gated_command,
+    make_daemon,
+    slurm_cmd,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 
@@ -193,7 +201,10 @@ def pair_cleanup() -> Iterator[list[DaemonHandle]]:
 def test_kill_9_of_the_active(tmp_path: Path, slurm_conf: str, pg_url: str,
                               pair_cleanup: list[DaemonHandle]) -> None:
     a, b = _pair(tmp_path, slurm_conf, pg_url, pg_url, pair_cleanup)
-    run_id = a.submit(write_spec(tmp_path / "ha.toml", "ha", "sleep 12"))
+    # The job runs until the standby is in charge: a timed one (sleep 12-20) could end
+    # before the active daemon saw it RUNNING under load, or before the takeover.
+    gate = tmp_path / "go"
+    run_id = a.submit(write_spec(tmp_path / "ha.toml", "ha", gated_command(gate)))
     a.wait_run(run_id, {"RUNNING"}, timeout=60)
     a_id = _ping(a)["identity"]
     a.kill(signal.SIGKILL)
@@ -203,6 +214,7 @@ def test_kill_9_of_the_active(tmp_path: Path, slurm_conf: str, pg_url: str,
     took = time.monotonic() - killed
     _report("kill -9", ttl=TTL, takeover_s=took)
     assert took < TAKEOVER_BOUND
+    gate.touch()
     status = b.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)
     assert status["run"]["state"] == "COMPLETED"
     assert _one_job_per_tag(pg_url, slurm_conf) >= 1
@@ -233,7 +245,8 @@ def test_kill_9_of_the_active(tmp_path: Path, slurm_conf: str, pg_url: str,
 def test_sigstop_of_the_active_for_twice_the_ttl(tmp_path: Path, slurm_conf: str, pg_url: str,
                                                  pair_cleanup: list[DaemonHandle]) -> None:
     a, b = _pair(tmp_path, slurm_conf, pg_url, pg_url, pair_cleanup)
-    run_id = a.submit(write_spec(tmp_path / "ha.toml", "ha", "sleep 20"))
+    gate = tmp_path / "go"
+    run_id = a.submit(write_spec(tmp_path / "ha.toml", "ha", gated_command(gate)))
     a.wait_run(run_id, {"RUNNING"}, timeout=60)
     assert a.proc is not None
     a.proc.send_signal(signal.SIGSTOP)
@@ -260,6 +273,7 @@ def test_sigstop_of_the_active_for_twice_the_ttl(tmp_path: Path, slurm_conf: str
     assert any("taken over" in str(e.get("why")) or "lost" in str(e.get("why"))
                for e in _logged(a, "fence.refused") + _logged(a, "lease.lost"))
     assert [r for r in _runs(pg_url) if r.name == "queued"] == []  # never carried out
+    gate.touch()
     status = b.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)
     assert status["run"]["state"] == "COMPLETED"
     assert _one_job_per_tag(pg_url, slurm_conf) >= 1
@@ -273,7 +287,8 @@ def test_database_path_cut_by_a_proxy(tmp_path: Path, slurm_conf: str, pg_url: s
         via_proxy = url.set(port=proxy.port).render_as_string(hide_password=False)
         a, b = _pair(tmp_path, slurm_conf, via_proxy, pg_url, pair_cleanup)
         a.database_url = pg_url  # for the clean-up's own look at the store
-        run_id = a.submit(write_spec(tmp_path / "ha.toml", "ha", "sleep 15"))
+        gate = tmp_path / "go"
+        run_id = a.submit(write_spec(tmp_path / "ha.toml", "ha", gated_command(gate)))
         a.wait_run(run_id, {"RUNNING"}, timeout=60)
         proxy.cut()
         cut_wall, cut = time.time(), time.monotonic()
@@ -289,6 +304,7 @@ def test_database_path_cut_by_a_proxy(tmp_path: Path, slurm_conf: str, pg_url: s
         _report("proxy cut", ttl=TTL, takeover_s=took, cut_off_exit_s=exited)
         assert _actions_after(a, cut_wall) == []
         assert _logged(a, "lease.lost")
+        gate.touch()
         status = b.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=90)
         assert status["run"]["state"] == "COMPLETED"
         assert _one_job_per_tag(pg_url, slurm_conf) >= 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from b300.slurm.parse import expand_nodes
-from helpers import DaemonHandle, make_daemon, slurm_cmd, wait_for, write_spec
+from helpers import DaemonHandle, gated_command, make_daemon, slurm_cmd, wait_for, write_spec
 
 pytestmark = pytest.mark.slurm
 
@@ -118,15 +118,26 @@ def test_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path, slurm_conf
     d = make_daemon(tmp_path, slurm_conf)
     d.start()
     try:
+        # Each job runs until the test releases it: under load three submissions took
+        # 5-10 s each and "sleep 20" jobs were never all RUNNING at one sample.
+        gates = [tmp_path / f"go{i}" for i in range(3)]
         runs = [
-            d.submit(write_spec(tmp_path / f"r{i}.toml", f"restart{i}", "sleep 20"))
+            d.submit(write_spec(tmp_path / f"r{i}.toml", f"restart{i}", gated_command(gates[i])))
             for i in range(3)
         ]
         wait_for(
-            lambda: all(d.run(r)["run"]["state"] == "RUNNING" for r in runs), 90, "all runs RUNNING"
+            lambda: sorted(r["state"] for r in d.ctl("status", "--all") if r["id"] in runs)
+            == ["RUNNING"] * 3, 120, "all runs RUNNING",
         )
         d.kill(signal.SIGKILL)
+        # One job ends while no daemon watches; the restarted one must learn it from Slurm.
+        gates[0].touch()
+        job0 = str(d.ctl("status", runs[0])["attempts"][0]["job_id"])
+        wait_for(lambda: not slurm_cmd(slurm_conf, "squeue", "-h", f"-j{job0}", "-o", "%T").strip(),
+                 120, f"job {job0} to leave the queue")
         d.start()
+        for gate in gates[1:]:
+            gate.touch()
         for r in runs:
             status = d.wait_run(r, {"COMPLETED", "FAILED", "CANCELLED"})
             assert status["run"]["state"] == "COMPLETED"
@@ -144,6 +155,8 @@ def test_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path, slurm_conf
             ).split()
             assert names == [str(attempt["job_id"])]
     finally:
+        for gate in gates:
+            gate.touch()
         d.cleanup()
 
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import CLUSTER, make_daemon, slurm_cmd, wait_for, write_spec
+from helpers import DaemonHandle, cluster_up, gated_command, make_daemon, slurm_cmd, wait_for, write_spec
 
 pytestmark = pytest.mark.slurm
 
@@ -23,28 +21,37 @@ def _ctld_pid(slurm_conf: str) -> int:
     return int((run_dir / "slurmctld.pid").read_text().strip())
 
 
+def _failed_cycles(d: DaemonHandle) -> int:
+    return d.log.read_text().count('"cycle.failed"')
+
+
 def test_slurmctld_outage_is_unknown_not_failure(tmp_path: Path, slurm_conf: str) -> None:
     d = make_daemon(tmp_path, slurm_conf, poll_interval="0.5s", max_backoff="3s")
     d.start()
+    gate = tmp_path / "go"
     try:
-        run_id = d.submit(write_spec(tmp_path / "long.toml", "outage", "sleep 20"))
+        # The job runs until released, after the outage: a timed one could end during it.
+        run_id = d.submit(write_spec(tmp_path / "long.toml", "outage", gated_command(gate)))
         d.wait_run(run_id, {"RUNNING"}, timeout=60)
         os.kill(_ctld_pid(slurm_conf), signal.SIGTERM)  # slurmctld saves its state and stops
         try:
-            wait_for(lambda: "cycle.failed" in d.log.read_text(), 60, "the daemon to notice")
-            time.sleep(8)  # several backed-off cycles without the controller
+            # Backed-off cycles without the controller decide nothing. A Slurm command
+            # retries a closed controller port for ~10 s (MessageTimeout; 9.3 s measured on
+            # 22.05 and 26.05) and a cycle makes several: a failed cycle took 30 s.
+            wait_for(lambda: _failed_cycles(d) >= 2, 150, "two failed cycles")
             status = d.run(run_id)
             assert status["run"]["state"] == "RUNNING"
             assert not [e for e in status["events"] if e["kind"].startswith("recovery.")]
             assert d.proc is not None and d.proc.poll() is None
         finally:
-            subprocess.run(["bash", str(CLUSTER), "up"], check=True, capture_output=True,
-                           timeout=300)
+            cluster_up()
+        gate.touch()
         status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
         assert status["run"]["state"] == "COMPLETED"
         assert len(status["attempts"]) == 1
         assert "cycle.recovered" in d.log.read_text()
     finally:
+        gate.touch()
         d.cleanup()
 
 
@@ -108,7 +115,7 @@ def test_slurmdbd_down_the_controller_view_is_used_after_the_grace(tmp_path: Pat
         assert not [e for e in status["events"] if e["kind"].startswith("recovery.")]
         assert d.proc is not None and d.proc.poll() is None
     finally:
-        subprocess.run(["bash", str(CLUSTER), "up"], check=True, capture_output=True, timeout=300)
+        cluster_up()
     # slurmctld delivers what it queued during the outage once it has reconnected to the
     # new slurmdbd (24.11+ take a few seconds longer than 22.05): accounting is back when
     # sacct knows the job that ran without it.
@@ -136,8 +143,10 @@ def test_database_gone_daemon_fences_itself_and_a_restart_catches_up(
     name = pg_url.rsplit("/", 1)[1]
     d = make_daemon(tmp_path, slurm_conf, database_url=pg_url, poll_interval="0.5s", max_backoff="2s")
     d.start()
-    run_id = d.submit(write_spec(tmp_path / "pg.toml", "pg-gone", "sleep 8"))
-    d.wait_run(run_id, {"RUNNING"}, timeout=60)
+    gate = tmp_path / "go"
+    run_id = d.submit(write_spec(tmp_path / "pg.toml", "pg-gone", gated_command(gate)))
+    status = d.wait_run(run_id, {"RUNNING"}, timeout=60)
+    job = str(status["attempts"][0]["job_id"])
     with _admin_connection() as admin:
         admin.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(
             psycopg.sql.Identifier(name)))
@@ -146,8 +155,11 @@ def test_database_gone_daemon_fences_itself_and_a_restart_catches_up(
         assert d.proc is not None
         d.proc.wait(60)
         assert d.proc.returncode == 75, d.log.read_text()[-2000:]
-        time.sleep(10)  # the job ends while no daemon can record it
+        gate.touch()  # the job ends while no daemon can record it
+        wait_for(lambda: not slurm_cmd(slurm_conf, "squeue", "-h", f"-j{job}", "-o", "%T").strip(),
+                 120, f"job {job} to leave the queue")
     finally:
+        gate.touch()
         with _admin_connection() as admin:
             admin.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(
                 psycopg.sql.Identifier(name)))

@@ -116,12 +116,16 @@ def test_node_failure_drains_and_resumes_from_newest_checkpoint(
 ) -> None:
     d = _start(tmp_path, slurm_conf)
     try:
-        run_id = d.submit(_spec(tmp_path, "nodefail"))
+        # Attempt 1 waits after step 12 until the gate opens, so the node dies while it
+        # trains (free-running, it ended before the kill beside a CPU hog).
+        gate = tmp_path / "go"
+        run_id = d.submit(_spec(tmp_path, "nodefail", "--pause-at", "12", "--gate", str(gate)))
         with JobCounter(slurm_conf, run_id) as counter:
             first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
             wait_for(lambda: _progress(tmp_path) >= 12, 120, "training to pass step 12")
             victim = first["nodes"][1]
             _kill_node(victim, fresh_nodes)
+            gate.touch()  # rank 0 goes on and meets its dead peer, as without the pause
             wait_for(lambda: len(d.run(run_id)["attempts"]) >= 2, 150, "a second attempt")
             status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
         assert status["run"]["state"] == "COMPLETED", status["events"][-5:]
@@ -208,10 +212,12 @@ def test_daemon_killed_mid_recovery_submits_once(
 ) -> None:
     d = _start(tmp_path, slurm_conf, env={"B300_CRASH_AT": "after_sbatch_a2"})
     try:
-        run_id = d.submit(_spec(tmp_path, "crashy"))
+        gate = tmp_path / "go"  # attempt 1 waits after step 8: the node dies while it trains
+        run_id = d.submit(_spec(tmp_path, "crashy", "--pause-at", "8", "--gate", str(gate)))
         first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
         wait_for(lambda: _progress(tmp_path) >= 8, 120, "training to pass step 8")
         _kill_node(first["nodes"][1], fresh_nodes)
+        gate.touch()  # attempt 1 is dead (its peer's node is); attempt 2 never pauses
         assert d.proc is not None
         wait_for(lambda: d.proc is not None and d.proc.poll() is not None, 150,
                  "b300d to die right after submitting attempt 2")

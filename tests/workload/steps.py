@@ -6,7 +6,8 @@ step and a generic checkpoint ``$B300_CHECKPOINT_DIR/step_<N>/`` (``state.json``
 then the ``DONE`` marker) every ``--ckpt-every`` steps, resumes from
 ``$B300_RESUME_FROM`` when it names one, appends what each attempt did to
 ``history.jsonl`` and writes ``done.json`` at the end (all beside the checkpoint
-folder).
+folder). With ``--pause-at N --gate FILE`` every task waits after step N until FILE
+exists (at most 10 minutes), so a test can act while the job surely still runs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--ckpt-every", type=int, default=5)
     ap.add_argument("--step-time", type=float, default=0.4)
+    ap.add_argument("--pause-at", type=int, default=-1)
+    ap.add_argument("--gate", default="")
     args = ap.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     ckpt_root = Path(os.environ["B300_CHECKPOINT_DIR"])
@@ -43,14 +46,18 @@ def main() -> None:
     while step < args.steps:
         time.sleep(args.step_time)
         step += 1
-        if rank != 0:
-            continue
-        _atomic_json(run_dir / "progress.json", {"step": step, "time": time.time()})
-        if step % args.ckpt_every == 0:
-            ckpt = ckpt_root / f"step_{step:06d}"
-            ckpt.mkdir(parents=True, exist_ok=True)
-            _atomic_json(ckpt / "state.json", {"step": step})
-            (ckpt / "DONE").touch()
+        if rank == 0:
+            _atomic_json(run_dir / "progress.json", {"step": step, "time": time.time()})
+            if step % args.ckpt_every == 0:
+                ckpt = ckpt_root / f"step_{step:06d}"
+                ckpt.mkdir(parents=True, exist_ok=True)
+                _atomic_json(ckpt / "state.json", {"step": step})
+                (ckpt / "DONE").touch()
+        if step == args.pause_at:
+            gate, waited = Path(args.gate), 0.0
+            while not gate.exists() and waited < 600:
+                time.sleep(0.25)
+                waited += 0.25
     if rank == 0:
         _atomic_json(run_dir / "done.json", {"step": step})
 

@@ -61,6 +61,10 @@ def main() -> int:
     ap.add_argument("--fail-at", type=int, default=-1)
     ap.add_argument("--torn-at", type=int, default=-1)
     ap.add_argument("--fail-rank", type=int, default=-1)
+    # The first attempt waits after this step (its checkpoint saved) until --gate exists
+    # (at most 10 minutes): a test can fail a node while the job surely still trains.
+    ap.add_argument("--pause-at", type=int, default=-1)
+    ap.add_argument("--gate", default="")
     args = ap.parse_args()
 
     rank = int(os.environ["SLURM_PROCID"])
@@ -115,6 +119,11 @@ def main() -> int:
             path = ckpt_root / f"step_{step:06d}"
             dcp.save({"model": model.state_dict(), "step": torch.tensor(step)},
                      storage_writer=_StallingWriter(str(path), stall))
+        if first and step == args.pause_at:
+            gate, waited = Path(args.gate), 0.0
+            while not gate.exists() and waited < 600:
+                time.sleep(0.25)
+                waited += 0.25
     # Both ranks leave together; then exit hard, so no lingering gloo/store thread
     # can keep the task (and so srun and the job) alive after the work is done.
     dist.barrier()
