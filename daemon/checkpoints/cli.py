@@ -17,13 +17,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..config import Config
+from ..config.duration import parse_span
 from ..errors import B300Error, UsageError
 from ..events import Kind
 from ..interfaces import Store
 from ..model import Run
 from ..spec import parse_spec
 from .advice import stored_run_schedule
-from .config import parse_span
 from .layouts import explain_nothing, load_layout, recognise
 from .manifest import verify
 from .prune import prune_local

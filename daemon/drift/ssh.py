@@ -17,37 +17,16 @@ import select
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import paramiko
 import structlog
 
-from .records import CommandResult, NodeRun, NodeStatus
+from .records import CommandResult, Endpoint, NodeRun, NodeStatus, SshSettings
 
 log = structlog.get_logger(__name__)
 _MAX_OUTPUT = 1024 * 1024  # per node and stream; nvidia-smi -q on 8 GPUs is ~100 KB
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _TOKEN = re.compile(r"[0-9a-f]{16}")
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    host: str
-    port: int = 22
-
-
-@dataclass(frozen=True, slots=True)
-class SshSettings:
-    """How to reach nodes. ``key_file`` None means: use the ssh-agent."""
-
-    user: str
-    known_hosts: str
-    key_file: str | None = None
-    jump: Endpoint | None = None
-    jump_user: str | None = None
-    concurrency: int = 64
-    connect_timeout_s: float = 5.0
-    command_timeout_s: float = 20.0
 
 
 class ParamikoRunner:
