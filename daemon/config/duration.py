@@ -38,7 +38,7 @@ from ..errors import ConfigError, UsageError
 
 #: Seconds per unit; the documented list above, and nothing else.
 UNITS: Final = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "w": 7 * 86400}
-MAX_SECONDS: Final = timedelta.max.total_seconds() // 86400 * 86400  # 999,999,999 days
+MAX_SECONDS: Final = timedelta.max.days * 86400.0  # 999,999,999 days: what a timedelta holds
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(" + "|".join(sorted(UNITS, key=len, reverse=True)) + r")?\s*")
 EXPECTED: Final = "a duration like '1h' or '90m'"
 

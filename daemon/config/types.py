@@ -203,8 +203,8 @@ def _describe(error: ErrorDetails, model: type[BaseModel], prefix: tuple[str, ..
         parent = _model(_walk(model, loc[:-1]))
         allowed = f" (allowed: {', '.join(sorted(_fields(parent)))})" if parent else ""
         return _join(_subject(full[:-1], in_table), f"unknown key {loc[-1]!r}{allowed}")
-    if loc and loc[-1] == "[key]":  # a table's key itself (environment, nodes, policy)
-        subject = _join(_subject(full[:-1], in_table), f"key {short_repr(value)}")
+    if loc and loc[-1] == "[key]":  # a table's key itself: (..., "environment", KEY, "[key]")
+        subject = _join(_subject(full[:-2], in_table), f"key {short_repr(value)}")
         return _join(subject, f"is not {ctx['what']}" if kind == "expected" else _problem(error))
     subject = _subject(full, in_table)
     if kind == "missing":
