@@ -100,7 +100,6 @@ MAIL = r"[^@\s<>,;\"']+@[A-Za-z0-9.-]+"
 AbsPath = Annotated[str, matches(ABS_PATH, "an absolute path")]
 #: An absolute path, or ``""`` for "not set".
 AbsPathOrEmpty = Annotated[str, matches(ABS_PATH, "an absolute path", empty=True)]
-HostName = Annotated[str, matches(HOST, "a host name")]
 MailAddress = Annotated[str, matches(MAIL, "a mail address")]
 ProbeName = Annotated[str, matches(PLUGIN, "a probe name (a-z, 0-9, _)")]
 PluginName = Annotated[str, matches(PLUGIN, "a plugin name like filesystem")]

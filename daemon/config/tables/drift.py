@@ -44,6 +44,7 @@ from ..types import (
     AbsPath,
     Duration,
     NodeName,
+    Port,
     ProbeName,
     Table,
     expected,
@@ -122,7 +123,7 @@ def _some_nodes(nodes: dict[str, Any]) -> dict[str, Any]:
 
 class DriftNodeTable(Table):
     host: Annotated[str, AfterValidator(_ssh_host)] = Field(description="the node's SSH address")
-    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    port: Port = 22
     partition: Annotated[str, matches(NAME, "a partition name")] = "default"
 
 
