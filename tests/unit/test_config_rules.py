@@ -14,6 +14,7 @@ from b300.checkpoints.config import CheckpointsConfig
 from b300.config import Config, RecoveryConfig, load_config
 from b300.config.ops import AlertsConfig, MetricsConfig, ReportConfig
 from b300.errors import ConfigError, SpecError
+from b300.liveness.config import LivenessConfig
 from b300.spec import JobSpec, parse_spec
 
 
@@ -36,8 +37,9 @@ def test_a_file_that_says_nothing_gives_the_records_defaults(tmp_path: Path) -> 
     cfg = _load(tmp_path, "[daemon]\nstate_dir = '/srv/b300'\n")
     assert cfg == Config(path=cfg.path, state_dir="/srv/b300", database_url="sqlite:////srv/b300/state.db",
                          socket="/srv/b300/b300d.sock", job_log_dir="/srv/b300/job-logs")
-    assert (cfg.recovery, cfg.checkpoints, cfg.report, cfg.metrics, cfg.alerts) == (
-        RecoveryConfig(), CheckpointsConfig(), ReportConfig(), MetricsConfig(), AlertsConfig())
+    assert (cfg.recovery, cfg.liveness, cfg.checkpoints, cfg.report, cfg.metrics, cfg.alerts) == (
+        RecoveryConfig(), LivenessConfig(), CheckpointsConfig(), ReportConfig(), MetricsConfig(),
+        AlertsConfig())
     minimal = "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n"
     assert parse_spec(minimal) == JobSpec(name="x", command="a", nodes=1)
 
@@ -71,6 +73,10 @@ def test_the_message_names_the_file_the_table_and_the_key(tmp_path: Path) -> Non
      "[drift] nodes.gpu01.port must be >= 1, got 0"),
     ("[drift]\nknown_hosts = '/k'\n[drift.nodes]\n'gpu 01' = 'h'\n",
      "[drift] nodes key 'gpu 01' is not a node name (letters, digits, '.', '_', '-'; at most 64)"),
+    ("[liveness]\ninterval_s = 0.1\n", "[liveness] interval_s must be >= 0.2, got 0.1"),
+    ("[liveness]\ninterval_s = 1.0\ntimeout_s = 1.0\n",
+     "[liveness] timeout_s (1) must be shorter than interval_s (1): every check of a round ends before "
+     "the next"),
     ("[[checkpoints.targets]]\nname = 'a'\nkind = 'filesystem'\npath = '/x'\n",
      "[checkpoints] targets[0] (a): one option (path or prefix) must contain {run}, so that runs do not "
      "overwrite each other's replicas"),
