@@ -38,6 +38,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ..errors import UsageError
+from ..model import NODE_NAME_RE
 from .duration import DurationError, duration_seconds, short_repr, span
 
 M = TypeVar("M", bound=BaseModel)
@@ -86,9 +87,10 @@ def matches(pattern: str, what: str, *, empty: bool = False) -> AfterValidator:
 
 
 ABS_PATH = r"/[^\x00\n]*"
-#: Letters, digits, ``.``, ``_``, ``-``, starting with a letter or digit: run, node, partition,
-#: account, QOS and target names alike (Slurm's own names fit; none reaches a shell unquoted).
-NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+#: Letters, digits, ``.``, ``_``, ``-``, starting with a letter or digit, at most 64: the
+#: project's one node-name rule (:data:`b300.model.NODE_NAME_RE`), and the same characters for
+#: run, partition, account, QOS and target names (Slurm's own names fit; none reaches a shell).
+NAME = NODE_NAME_RE.pattern
 #: A Unix user or group name, as the daemon's config takes it.
 GROUP = r"[A-Za-z_][A-Za-z0-9_.-]{0,31}"
 #: A host name, or an IPv6 address in brackets.
