@@ -23,11 +23,11 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from .config.ops import AlertsConfig, SmtpConfig
 from .errors import B300Error
 from .events import ALERT_MARKS, DRAINS, Kind
 from .interfaces import NewEvent, Store
 from .model import Event
-from .ops_config import AlertsConfig, SmtpConfig
 from .report.mail import alert_message, send_mail
 
 log = structlog.get_logger(__name__)

@@ -123,7 +123,7 @@ def requested_policy(configured: RetentionPolicy, *, keep_last: object = None,
     the configured value). The same check on both sides of the control socket: b300ctl
     before it asks, the daemon on what it is asked. Raises UsageError naming the option."""
     from ..errors import UsageError
-    from .config import parse_span
+    from ..config.duration import parse_span
 
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
                                   or keep_last < 1):

@@ -1,8 +1,12 @@
-"""Typed, immutable records of a drift scan (plain data, no I/O)."""
+"""Typed, immutable records of drift: its configuration and a scan (plain data, no I/O).
+
+The ``[drift]`` table's grammar, with an example, is :mod:`b300.config.tables.drift`.
+"""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -125,6 +129,9 @@ class ScanResult:
     errors: tuple[str, ...] = ()
 
 
+# -- configuration ([drift]) --------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """Where to reach a node (or the jump host) over SSH."""
@@ -145,3 +152,28 @@ class SshSettings:
     concurrency: int = 64
     connect_timeout_s: float = 5.0
     command_timeout_s: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class DriftNode:
+    name: str
+    endpoint: Endpoint
+    partition: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class DriftConfig:
+    ssh: SshSettings
+    nodes: tuple[DriftNode, ...]
+    probes: tuple[str, ...] | None = None  # None: every loaded probe
+    policies: Mapping[str, Policy] = field(default_factory=dict)
+    pinned: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, str] = field(default_factory=dict)  # image, nccl_library
+    interval_s: float | None = None
+    max_age_s: float = 6 * 3600.0
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        return {n.name: n.endpoint for n in self.nodes}
+
+    def partitions(self) -> dict[str, str]:
+        return {n.name: n.partition for n in self.nodes}

@@ -19,8 +19,17 @@ from ..errors import SlurmError, UsageError
 from ..interfaces import DriftProbe, DriftRepository, NodeCommandRunner, SlurmClient, Store
 from ..plugin_registry import PluginRegistry
 from .baseline import find_differences, node_report, plan_actions, released
-from .config import DriftConfig
-from .records import Finding, NodeReport, NodeRun, NodeStatus, Policy, ProbeStatus, ProbeValue, ScanResult
+from .records import (
+    DriftConfig,
+    Finding,
+    NodeReport,
+    NodeRun,
+    NodeStatus,
+    Policy,
+    ProbeStatus,
+    ProbeValue,
+    ScanResult,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -16,8 +16,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from ..drift.records import NodeRun, NodeStatus
-from ..drift.ssh import Endpoint, ParamikoRunner, SshSettings
+from ..drift.records import Endpoint, NodeRun, NodeStatus, SshSettings
+from ..drift.ssh import ParamikoRunner
 from ..interfaces import NodeCommandRunner
 from .config import LivenessConfig
 from .records import ConfirmOutcome, ConfirmResult

@@ -24,11 +24,11 @@ import structlog
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from ..config.ops import ReportConfig
 from ..errors import B300Error
 from ..events import REPORT_DELIVERY, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Event
-from ..ops_config import ReportConfig
 from .collect import collect_report
 from .compute import Window, week_key
 from .mail import report_message, send_mail

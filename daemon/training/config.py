@@ -30,24 +30,19 @@ from pydantic import (
     model_validator,
 )
 
+from ..config.duration import DurationError, duration_seconds
 from ..errors import ConfigError, SpecError, UsageError
-from ..validate import parse_duration
 
 _MODEL = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class _DurationError(UsageError):
-    pass
-
-
 def _seconds(value: Any) -> Any:
-    """``90``, ``"90s"``, ``"15m"``, ``"1.5h"``, ``"2d"`` -> seconds (the config's one grammar)."""
-    if isinstance(value, str | int | float) and not isinstance(value, bool):
-        try:
-            return parse_duration(value, "value", "", _DurationError)
-        except _DurationError:
-            pass
-    raise ValueError("must be a duration like 90, '90s', '15m', '1.5h' or '2d'")
+    """``90``, ``"90s"``, ``"15m"``, ``"1.5h"``, ``"2d"`` -> seconds (the project's one grammar,
+    :mod:`b300.config.duration`)."""
+    try:
+        return duration_seconds(value)
+    except DurationError:
+        raise ValueError("must be a duration like 90, '90s', '15m', '1.5h' or '2d'") from None
 
 
 Seconds = Annotated[float, BeforeValidator(_seconds)]

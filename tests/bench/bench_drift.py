@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "tests" / "drift"))
 
 import drift_nodes as dn  # noqa: E402
 
-from b300.drift.config import parse_drift_config  # noqa: E402
+from b300.config.tables.drift import parse_drift_config  # noqa: E402
 from b300.drift.plugins import load_probes  # noqa: E402
 from b300.drift.records import NodeStatus  # noqa: E402
 from b300.drift.scanner import DriftScanner  # noqa: E402

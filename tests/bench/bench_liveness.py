@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "drift"))
 
-from b300.drift.ssh import Endpoint, SshSettings  # noqa: E402
+from b300.drift.records import Endpoint, SshSettings  # noqa: E402
 from b300.liveness.records import CheckOutcome, Target  # noqa: E402
 from b300.liveness.tcp import TcpProber  # noqa: E402
 

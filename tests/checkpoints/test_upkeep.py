@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from ckpt_fixtures import S3Server, SshServer, generic
 
-from b300.checkpoints.config import CheckpointsConfig, TargetConfig, parse_checkpoints_config
+from b300.checkpoints.config import CheckpointsConfig, TargetConfig
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest
 from b300.checkpoints.prune import TRASH_PREFIX
 from b300.checkpoints.replicate import load_target, replica_records, verify_replica
 from b300.checkpoints.retention import RetentionPolicy
 from b300.checkpoints.upkeep import CheckpointUpkeep
+from b300.config.tables.checkpoints import parse_checkpoints_config
 from b300.errors import ConfigError
 from b300.interfaces import CheckpointRepository
 from b300.plugin_registry import PluginRegistry
@@ -221,7 +222,7 @@ def test_config_targets_and_secrets(tmp_path: Path) -> None:
     cfg = parse_checkpoints_config({
         "prune": True, "keep_last": 5, "keep_hourly_for": "0", "bandwidth_limit": "1.5GiB/s",
         "targets": [{"name": "s3-b", "kind": "s3", "bucket": "ck", "prefix": "runs/{run}/",
-                     "aws_secret_access_key_file": str(secret)}]}, "b300.toml: [checkpoints]")
+                     "aws_secret_access_key_file": str(secret)}]}, "b300.toml")
     assert cfg.prune and cfg.retention.keep_last == 5 and cfg.retention.hourly_for == timedelta(0)
     assert cfg.bandwidth_limit == 1.5 * (1 << 30)
     opts = cfg.targets[0].options_for("run-7")
@@ -235,7 +236,9 @@ def test_config_targets_and_secrets(tmp_path: Path) -> None:
     ({"targets": [{"name": "a", "kind": "filesystem", "path": "/mnt/x"}]}, "must contain {run}"),
     ({"targets": [{"name": "a", "kind": "s3", "bucket": "b", "prefix": "{run}/",
                    "aws_secret_access_key": "k"}]}, "must not be written in the config"),
-    ({"targets": [{"kind": "filesystem", "path": "/x/{run}"}]}, "needs a name and a kind"),
+    ({"targets": [{"kind": "filesystem", "path": "/x/{run}"}]}, r"targets\[0\]\.name is missing"),
+    ({"targets": [{"name": "a", "path": "/x/{run}"}]},
+     r"targets\[0\]\.kind is missing \(a b300.replication_targets"),
     ({"targets": [{"name": "a", "kind": "filesystem", "path": "/x/{run}"},
                   {"name": "a", "kind": "filesystem", "path": "/y/{run}"}]}, "two targets are named 'a'"),
     ({"targets": {"name": "a"}}, "array of tables"),
@@ -254,8 +257,8 @@ def test_config_targets_and_secrets(tmp_path: Path) -> None:
 ])
 def test_config_errors_are_one_line(table: dict[str, Any], error: str) -> None:
     with pytest.raises(ConfigError, match=error) as info:
-        parse_checkpoints_config(table, "b300.toml: [checkpoints]")
-    assert "\n" not in str(info.value)
+        parse_checkpoints_config(table, "b300.toml")
+    assert "\n" not in str(info.value) and str(info.value).startswith("b300.toml: [checkpoints] ")
 
 
 def test_watch_pass_fingerprints_an_ended_run_and_verifies_unjudged_manifests(

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 from b300.config import load_config
-from b300.drift.config import parse_drift_config
-from b300.drift.records import Policy
-from b300.drift.ssh import Endpoint
+from b300.config.tables.drift import parse_drift_config
+from b300.drift.records import Endpoint, Policy
 from b300.errors import ConfigError
 
 BASE: dict[str, Any] = {"known_hosts": "/etc/b300/known_hosts", "nodes": {"gpu01": "10.0.0.1"}}
@@ -33,7 +32,7 @@ def test_full_table() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"known_hosts": None}, "known_hosts is required"),
+    ({"known_hosts": None}, r"\[drift\] known_hosts is missing \(host keys are never trusted blindly\)"),
     ({"nodes": {}}, "at least one node"),
     ({"nodes": {"gpu01": "10.0.0.1; rm -rf /"}}, "not a host name"),
     ({"nodes": {"bad name": "h"}}, "not a node name"),

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from drift_nodes import Sim
 
-from b300.drift.config import DriftConfig, parse_drift_config
+from b300.config.tables.drift import parse_drift_config
 from b300.drift.plugins import load_probes
-from b300.drift.records import FindingKind, NodeStatus, Policy
+from b300.drift.records import DriftConfig, FindingKind, NodeStatus, Policy
 from b300.drift.scanner import DriftScanner
 from b300.drift.ssh import ParamikoRunner
 from b300.slurm.cli import CliSlurmClient

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from b300.drift.ssh import Endpoint, SshSettings
+from b300.drift.records import Endpoint, SshSettings
 from b300.liveness.config import LivenessConfig
 from b300.liveness.confirm import SshConfirmer, confirm_runner
 from b300.liveness.machine import window_rounds

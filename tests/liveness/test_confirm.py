@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import drift_nodes as dn
 from drift_nodes import Sim
 
-from b300.drift.ssh import Endpoint, SshSettings
+from b300.drift.records import Endpoint, SshSettings
 from b300.liveness.config import LivenessConfig
 from b300.liveness.confirm import SshConfirmer, confirm_runner
 from b300.liveness.monitor import LivenessMonitor

@@ -26,7 +26,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from report_history import W0, W1, Expected, build_history
 
-from b300.ops_config import ReportConfig, SmtpConfig
+from b300.config.ops import ReportConfig, SmtpConfig
 from b300.report.collect import collect_report
 from b300.report.compute import Window
 from b300.report.schedule import (

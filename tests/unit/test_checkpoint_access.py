@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from b300.checkpoints.access import checkpoint_dir_problem
-from b300.checkpoints.config import parse_checkpoints_config
+from b300.config.tables.checkpoints import parse_checkpoints_config
 from b300.errors import ConfigError
 
 

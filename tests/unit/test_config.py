@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -65,10 +66,25 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 _KEYS = st.sampled_from(["state_dir", "database_url", "poll_interval", "log_format", "backend",
-                         "settle", "blackhole_failures", "check_interval", "signal", "x"])
+                         "settle", "blackhole_failures", "check_interval", "signal", "x", "keep_hourly_for",
+                         "bandwidth_limit", "webhook_url", "smtp_port", "timezone", "day", "listen", "interval",
+                         "known_hosts", "jump_host", "nodes", "roots", "targets"])
 _VALUES = st.one_of(st.integers(-5, 10**6), st.booleans(), st.floats(allow_nan=False),
-                    st.text(max_size=30), st.just("/abs/path"), st.just("15s"))
-_TABLES = st.sampled_from(["daemon", "slurm", "recovery", "checkpoints", "nope"])
+                    st.text(max_size=30), st.just("/abs/path"), st.just("15s"), st.just("2w"),
+                    st.just("http://[x"), st.just("127.0.0.1:9300"), st.just("Europe"),
+                    st.lists(st.one_of(st.text(max_size=10), st.integers()), max_size=3),
+                    st.dictionaries(st.sampled_from(["gpu01", "name", "kind", "path", "host", "port"]),
+                                    st.one_of(st.text(max_size=10), st.integers(0, 70000)), max_size=3))
+_TABLES = st.sampled_from(["daemon", "slurm", "recovery", "checkpoints", "report", "metrics", "alerts",
+                           "drift", "nope"])
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 @settings(max_examples=200, deadline=None)
@@ -76,12 +92,10 @@ _TABLES = st.sampled_from(["daemon", "slurm", "recovery", "checkpoints", "nope"]
 def test_any_config_is_a_config_or_one_config_error(tmp_path_factory: pytest.TempPathFactory,
                                                      doc: dict[str, dict[str, object]]) -> None:
     """Hostile or broken config values end in a Config or one ConfigError line, nothing else."""
-    import json
-
     lines = []
     for table, values in doc.items():
         lines.append(f"[{table}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
     path = tmp_path_factory.mktemp("cfg") / "b300.toml"
     path.write_text("\n".join(lines) + "\n")
     try:

@@ -49,10 +49,11 @@ def test_good_spec() -> None:
         ("name = 'x'\n[job]\ncommand = 'a'\nnodes = true\n", "nodes must be an integer"),
         ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 0\n", "nodes must be >= 1"),
         ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\nnodez = 2\n", "unknown key 'nodez'"),
-        ("name = 'x y'\n[job]\ncommand = 'a'\nnodes = 1\n", "is not a valid name"),
+        ("name = 'x y'\n[job]\ncommand = 'a'\nnodes = 1\n",
+         "s.toml: name must be a valid name (letters, digits, '.', '_', '-'; at most 64), got 'x y'"),
         (
             "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\npartition = 'a;rm -rf /'\n",
-            "is not a Slurm partition name",
+            "s.toml: [job] partition must be a Slurm partition name, got 'a;rm -rf /'",
         ),
         ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\ntime_limit = 'soon'\n", "time limit"),
         (
@@ -61,7 +62,8 @@ def test_good_spec() -> None:
         ),
         (
             "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\nlayout = 'zip'\n",
-            "layout 'zip'",
+            "[checkpoint] layout must be 'dcp', 'megatron', 'deepspeed', 'hf', 'lightning', 'generic' or "
+            "'auto', got 'zip'",
         ),
         (
             "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\ninterval = '-1h'\n",
@@ -82,7 +84,7 @@ def test_good_spec() -> None:
         (
             "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\ndir = '/c'\nsignal = 'USR1'\n"
             "signal_to = 'steps'\n",
-            'signal_to must be "batch" or "all"',
+            "[checkpoint] signal_to must be 'batch' or 'all', got 'steps'",
         ),
         (
             "name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[checkpoint]\nsignal = 'USR1'\n",

@@ -1,0 +1,81 @@
+"""The daemon's configuration as the rest of the code reads it: frozen records.
+
+:func:`b300.config.load_config` builds a :class:`Config` from the file; the file's
+grammar (its pydantic table models) lives in :mod:`b300.config.tables` and is
+not needed to use these records, so importing them stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..checkpoints.config import CheckpointsConfig
+from ..drift.records import DriftConfig
+from .ops import AlertsConfig, MetricsConfig, ReportConfig
+
+if TYPE_CHECKING:
+    from ..liveness.config import LivenessConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryConfig:
+    """[recovery]: how failed attempts are handled (see b300.recovery)."""
+
+    enabled: bool = True
+    settle_s: float = 60.0            # wait this long for Slurm to name a failed node
+    blackhole_failures: int = 3       # drain a node that failed this many different runs...
+    blackhole_window_s: float = 86400.0  # ...within this window
+    node_trigger: bool = True         # strigger on node down wakes the daemon at once
+
+
+def _liveness_defaults() -> LivenessConfig:
+    # [liveness]'s record is itself a pydantic model (b300.liveness.config); it is imported
+    # when first needed so that importing these records does not load pydantic.
+    from ..liveness.config import LivenessConfig
+
+    return LivenessConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole file: ``[daemon]`` and ``[slurm]`` flattened, one record per other section."""
+
+    path: str
+    state_dir: str
+    database_url: str
+    socket: str
+    job_log_dir: str = ""
+    poll_interval_s: float = 15.0
+    submit_grace_s: float = 60.0
+    max_backoff_s: float = 300.0
+    log_format: str = "auto"
+    log_level: str = "info"
+    admin_group: str = ""
+    slurm_backend: str = "cli"
+    slurm_conf: str | None = None
+    slurm_bin_dir: str | None = None
+    slurm_timeout_s: float = 30.0
+    accounting_grace_s: float = 60.0
+    lease_name: str = "default"  # daemons sharing a database and a lease name are one HA pair
+    lease_ttl_s: float = 15.0  # a holder that stops renewing is replaced after this long
+    drift: DriftConfig | None = None  # [drift]: see b300.drift
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    liveness: LivenessConfig = field(default_factory=_liveness_defaults)  # [liveness]: b300.liveness
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.config.ops
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+
+
+def trigger_program(cfg: Config) -> str:
+    """The program slurmctld's node-down trigger runs (the daemon writes it at start)."""
+    return os.path.join(cfg.state_dir, "node-down-trigger")
+
+
+def writable_paths(cfg: Config) -> list[str]:
+    """The folders the daemon writes to, for the systemd unit's ``ReadWritePaths``
+    (``b300d --print-paths``; ``deploy/install.sh`` turns them into a drop-in)."""
+    paths = [cfg.state_dir, os.path.dirname(cfg.socket), cfg.job_log_dir, *cfg.checkpoints.roots]
+    return list(dict.fromkeys(os.path.normpath(p) for p in paths if p))

@@ -1,0 +1,124 @@
+"""The ``[report]``, ``[metrics]`` and ``[alerts]`` tables (records: :mod:`b300.config.ops`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AfterValidator, Field, PlainValidator, model_validator
+
+from ..duration import short_repr
+from ..ops import AlertsConfig, MetricsConfig, ReportConfig, SmtpConfig
+from ..types import (
+    HOST,
+    AbsPathOrEmpty,
+    Duration,
+    MailAddress,
+    MailAddresses,
+    Port,
+    Table,
+    Text,
+    blank_means,
+    expected,
+    limited,
+    matches,
+    problem,
+)
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_HOST = re.compile(HOST)
+
+
+def _day(value: object) -> str:
+    """``mon`` .. ``sun``; a longer name or capitals are fine (``Monday``), ``""`` is ``mon``."""
+    if not isinstance(value, str):
+        raise expected("a string")
+    day = value.lower()[:3] or "mon"
+    if day not in _DAYS:
+        raise problem(f"must be one of {', '.join(_DAYS)}, got {short_repr(value)}")
+    return day
+
+
+def _timezone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder such as "Europe"
+        raise problem(f"{short_repr(value)} is not a known IANA time zone") from None
+    return value
+
+
+class ReportTable(Table):
+    to: MailAddresses = Field(default_factory=list)
+    sender: MailAddress = Field(default="b300d@localhost", alias="from")
+    smtp_host: Annotated[str, matches(HOST, "a host name", empty=True)] = ""
+    smtp_port: Port = 587
+    smtp_user: Text = ""
+    password_file: AbsPathOrEmpty = ""
+    ca_file: AbsPathOrEmpty = ""
+    starttls: bool = True
+    day: Annotated[str, PlainValidator(_day)] = "mon"
+    hour: Annotated[int, Field(ge=0, le=23)] = 8
+    timezone: Annotated[Text, blank_means("UTC"), AfterValidator(_timezone)] = "UTC"
+
+    @model_validator(mode="after")
+    def _smtp_complete(self) -> ReportTable:
+        if self.to and not self.smtp_host:
+            raise problem("smtp_host is required when 'to' is set")
+        if self.smtp_user and not self.password_file:
+            raise problem("smtp_user needs password_file (the password is never in the config)")
+        return self
+
+
+def _listen(value: object) -> tuple[str, int] | None:
+    if not isinstance(value, str):
+        raise expected("a string")
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or not _HOST.fullmatch(host):
+        raise problem(f"must be HOST:PORT (e.g. 127.0.0.1:9300), got {short_repr(value)}")
+    return host.strip("[]"), int(port)
+
+
+class MetricsTable(Table):
+    listen: Annotated[tuple[str, int] | None, PlainValidator(_listen)] = None  # "": no endpoint
+
+
+def _webhook(url: str) -> str:
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. a bad IPv6 literal
+        ok = False
+    if not ok or any(c in url for c in " \n\r"):
+        raise problem(f"must be an http(s) URL, got {short_repr(url, 80)}")
+    return url
+
+
+class AlertsTable(Table):
+    mail_to: MailAddresses = Field(default_factory=list)
+    webhook_url: Annotated[Text, AfterValidator(_webhook)] = ""
+    drained_burst: Annotated[int, Field(ge=1, le=100000)] = 3
+    scan_interval: Annotated[Duration, limited(lambda s: s <= 60, "at most 60 s (alerts within a minute)")] = (
+        20.0)
+
+
+def report_config(t: ReportTable) -> ReportConfig:
+    smtp = None
+    if t.smtp_host:
+        smtp = SmtpConfig(host=t.smtp_host, port=t.smtp_port, user=t.smtp_user, password_file=t.password_file,
+                          starttls=t.starttls, sender=t.sender, ca_file=t.ca_file)
+    return ReportConfig(to=tuple(t.to), smtp=smtp, day=t.day, hour=t.hour, timezone=t.timezone)
+
+
+def metrics_config(t: MetricsTable) -> MetricsConfig:
+    return MetricsConfig() if t.listen is None else MetricsConfig(host=t.listen[0], port=t.listen[1])
+
+
+def alerts_config(t: AlertsTable) -> AlertsConfig:
+    return AlertsConfig(mail_to=tuple(t.mail_to), webhook_url=t.webhook_url, drained_burst=t.drained_burst,
+                        scan_interval_s=t.scan_interval)
