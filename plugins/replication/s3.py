@@ -95,23 +95,27 @@ class S3Target:
             with open(local_path, "rb") as fh:
                 data = _read_throttled(fh, size, on_chunk)
             whole.update(data)
-            self._s3.put_object(Bucket=self._bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
-                                ChecksumSHA256=_b64(whole.digest()))
+            reply = self._s3.put_object(Bucket=self._bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256",
+                                        ChecksumSHA256=_b64(whole.digest()))
             sent, expected = len(data), _b64(whole.digest())
         else:
-            sent, expected = self._put_multipart(local_path, key, size, on_chunk, whole)
+            sent, expected, reply = self._put_multipart(local_path, key, size, on_chunk, whole)
         # The parts and the whole-file digest were read separately: vouch only for a file
         # that did not change meanwhile.
         if self._verify == "checksum" and _identity(local_path) == before:
-            reported = self._s3.head_object(Bucket=self._bucket, Key=key, ChecksumMode="ENABLED")
-            # A composite is "<b64>-<parts>" on AWS; some servers leave out the count (base64 has no '-').
-            if str(reported.get("ChecksumSHA256", "")).split("-")[0] == expected.split("-")[0]:
+            # S3 checks a checksum sent with the upload and refuses a mismatch; its reply names
+            # the checksum it stored. Only when the reply does not say is it asked (HEAD).
+            reported = reply.get("ChecksumSHA256") if isinstance(reply, dict) else None
+            if not _same_checksum(reported, expected):
+                reported = self._s3.head_object(Bucket=self._bucket, Key=key,
+                                                ChecksumMode="ENABLED").get("ChecksumSHA256")
+            if _same_checksum(reported, expected):
                 with self._lock:
                     self._vouched[(replica, rel)] = whole.hexdigest()
         return sent
 
     def _put_multipart(self, path: str, key: str, size: int, on_chunk: Callable[[int], None],
-                       whole: Any) -> tuple[int, str]:
+                       whole: Any) -> tuple[int, str, dict[str, Any]]:
         """Upload ``path`` as parts, each read, hashed and sent by a worker of the shared pool,
         while this thread hashes the whole file in order (a local read, from the page cache).
 
@@ -138,15 +142,16 @@ class S3Target:
             raise
         digests = [p.pop("_digest") for p in parts]
         sent = sum(p.pop("_sent") for p in parts)
+        reply: dict[str, Any] = {}
         try:
-            self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
-                                               MultipartUpload={"Parts": parts})
+            reply = self._s3.complete_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload_id,
+                                                       MultipartUpload={"Parts": parts})
         except self._s3.exceptions.ClientError:
             # A completion that outlived the read timeout may have been done by the server all
             # the same, and then the client's retry finds no upload: the object settles it.
             if self._object_size(key) != size:
                 raise
-        return sent, f"{_b64(hashlib.sha256(b''.join(digests)).digest())}-{count}"
+        return sent, f"{_b64(hashlib.sha256(b''.join(digests)).digest())}-{count}", reply
 
     def _object_size(self, key: str) -> int | None:
         try:
@@ -272,3 +277,9 @@ def _read_throttled(fh: Any, length: int, on_chunk: Callable[[int], None]) -> by
 def _identity(path: str) -> tuple[int, int, int]:
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _same_checksum(reported: object, expected: str) -> bool:
+    """Whether S3's reported checksum is ours. A composite is "<b64>-<parts>" on AWS; some
+    servers leave out the count (base64 has no '-')."""
+    return isinstance(reported, str) and bool(reported) and reported.split("-")[0] == expected.split("-")[0]
