@@ -59,9 +59,11 @@ class Sessions:
         *,
         run_id: str | None = None,
         attempt_id: int | None = None,
+        flush: bool = True,
     ) -> list[EventRow]:
         """Append ``events`` in ``session``'s transaction; a ``None`` run/attempt of an
-        event is filled in with ``run_id``/``attempt_id``."""
+        event is filled in with ``run_id``/``attempt_id``. ``flush=False`` leaves the
+        INSERTs to the caller's next flush (a batch of many)."""
         if not events:
             return []
         if session.get_bind().dialect.name == "postgresql":
@@ -86,7 +88,8 @@ class Sessions:
             for ev in events
         ]
         session.add_all(rows)
-        session.flush()
+        if flush:
+            session.flush()
         return rows
 
 

@@ -279,9 +279,16 @@ class SqlStore:
         if not updates:
             return []
         with self._sessions.write() as session:
+            # Every row in two queries and one flush (a burst of a thousand changes was a
+            # thousand round trips of get + flush + event flush).
+            rows = _rows_by_id(session, AttemptRow, [u.attempt_id for u in updates])
+            missing = [u.attempt_id for u in updates if u.attempt_id not in rows]
+            if missing:
+                raise NotFoundError(f"unknown attempt {missing[0]}")
+            runs = _rows_by_id(session, RunRow, [r.run_id for r in rows.values()])
             done: list[AttemptRow] = []
             for u in updates:
-                row = _get_attempt_row(session, u.attempt_id)
+                row = rows[u.attempt_id]
                 if u.state is not None:
                     row.state = AttemptState(u.state).value
                 if u.nodes is not None:
@@ -299,15 +306,16 @@ class SqlStore:
                 row.updated_at = now
                 events = list(u.events)
                 if u.run_state is not None:
-                    run = _get_run_row(session, row.run_id)
+                    run = runs[row.run_id]
                     if run.state != RunState(u.run_state).value:
                         events.append(NewEvent(Kind.RUN_STATE, data={
                             "from": run.state, "to": RunState(u.run_state).value}))
                         run.state = RunState(u.run_state).value
                         run.updated_at = now
-                session.flush()
-                self._sessions.add_events(session, events, now, run_id=row.run_id, attempt_id=row.id)
+                self._sessions.add_events(session, events, now, run_id=row.run_id, attempt_id=row.id,
+                                          flush=False)
                 done.append(row)
+            session.flush()
             return [to_attempt(row) for row in done]
 
     def get_attempt(self, attempt_id: int) -> Attempt:
@@ -484,6 +492,17 @@ def _get_run_row(session: Session, run_id: str, *, for_update: bool = False) -> 
     if row is None:
         raise NotFoundError(f"unknown run '{run_id}'")
     return row
+
+
+def _rows_by_id(session: Session, table: Any, ids: Sequence[Any]) -> dict[Any, Any]:
+    """Rows of ``table`` by primary key, in bounded IN lists."""
+    wanted = list(dict.fromkeys(ids))
+    found: dict[Any, Any] = {}
+    key = col(table.id)
+    for i in range(0, len(wanted), 500):
+        for row in session.exec(select(table).where(key.in_(wanted[i:i + 500]))).all():
+            found[row.id] = row
+    return found
 
 
 def _get_attempt_row(session: Session, attempt_id: int) -> AttemptRow:
