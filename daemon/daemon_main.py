@@ -76,11 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _raise_open_files_limit()
         file_lease = FileLease(cfg.state_dir)
         file_lease.acquire(threading.Event())
-        store = open_store(cfg.database_url)
         plugins = PluginRegistry()  # every plugin group, loaded once for the daemon's life
         slurm = make_slurm_client(cfg.slurm_backend, slurm_conf=cfg.slurm_conf,
                                   bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s, plugins=plugins)
+        # Before the store: a refused release leaves the database (and its schema) untouched.
         _check_slurm_release(slurm, cfg.state_dir)
+        store = open_store(cfg.database_url)
         # The lease has its own engine and short timeouts (b300.lease): a renewal
         # must neither wait behind the store's calls nor outlive a fraction of the TTL.
         call_timeout = max(1.0, cfg.lease_ttl_s / 4)

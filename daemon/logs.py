@@ -9,9 +9,10 @@ and the stdlib records of the libraries it runs (APScheduler, paramiko, alembic,
 applies to both: structlog drops calls below it before any work, the root logger drops
 stdlib records below it.
 
-Two libraries are quieter than the level: their INFO lines are per-operation chatter
+Some libraries are quieter than the level: their INFO lines are per-operation chatter
 (APScheduler: a line before and after every scheduled job run; paramiko: every SSH connect
-and authentication), so they show at ``debug`` only, and their DEBUG lines (every scheduler
+and authentication; alembic (recent releases): a line per plugin it sets up, at every start), so they
+show at ``debug`` only, and their DEBUG lines (every scheduler
 wake-up, wire-level tracing) never do; their warnings and errors always do.
 """
 
@@ -25,7 +26,7 @@ import structlog
 from structlog.typing import Processor
 
 #: Libraries whose INFO is b300's DEBUG (see the module docstring).
-CHATTY_LIBRARIES = ("apscheduler", "paramiko")
+CHATTY_LIBRARIES = ("apscheduler", "paramiko", "alembic.runtime.plugins")
 
 
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:

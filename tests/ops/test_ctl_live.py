@@ -33,8 +33,11 @@ NOBODY_UID = 65534
 NOBODY_GID = 65534
 # What b300ctl imports when it runs (lazily), imported before dropping to nobody: the
 # interpreter's own library lives under /root here, which nobody cannot read.
+# What the commands import, and the stdlib modules that load lazily on first use (the
+# interpreter's files are out of nobody's reach once the uid is dropped).
 _PRELOAD = ("b300.cli", "b300.config", "b300.control_client", "b300.spec", "b300.checkpoints.retention",
-            "b300.checkpoints.config", "b300.store")
+            "b300.checkpoints.config", "b300.store", "concurrent.futures.thread",
+            "concurrent.futures.process", "encodings.idna", "encodings.ascii", "pydantic_core")
 
 
 @dataclass
@@ -81,8 +84,16 @@ def _ctl_as_nobody(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # (mode 0700 here), which nobody cannot exec, so the process starts as root, imports
     # b300.cli and what its commands import, drops to nobody for good (groups, gid,
     # uid), then runs main().
-    code = ("import importlib, os, sys\n"
+    code = ("import importlib, os, pkgutil, sys, warnings\n"
             f"for name in {_PRELOAD!r}:\n    importlib.import_module(name)\n"
+            # pydantic builds validators on first use and imports its parts then.
+            "warnings.simplefilter('ignore')\n"
+            "import pydantic\n"
+            "for info in pkgutil.walk_packages(pydantic.__path__, 'pydantic.'):\n"
+            "    if '.v1' not in info.name and 'mypy' not in info.name:\n"
+            "        try:\n            importlib.import_module(info.name)\n"
+            "        except Exception:\n            pass\n"
+            "warnings.resetwarnings()\n"
             f"os.setgroups([]); os.setgid({NOBODY_GID}); os.setuid({NOBODY_UID})\n"
             "assert os.getuid() == os.geteuid() == %d\n" % NOBODY_UID
             + "import b300.cli\nsys.exit(b300.cli.main(sys.argv[1:]))\n")
