@@ -256,6 +256,10 @@ class CheckpointRepository(Protocol):
         """The run's checkpoints by step, oldest first, with their replicas."""
         ...
 
+    def checkpoints_of(self, run_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]]:
+        """:meth:`checkpoints` (not deleted) of each named run, in a few queries."""
+        ...
+
 
 class DriftRepository(Protocol):
     """Version-drift state (``store.drift``): open findings, the daemon's drains, scans.
@@ -392,6 +396,11 @@ class Store(Protocol):
 
     def attempts(self, run_id: str) -> list[Attempt]:
         """The run's attempts in order of number."""
+        ...
+
+    def attempts_of(self, run_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        """Each named run's attempts in order of number, in a few queries (runs without
+        attempts, or unknown, map to an empty list)."""
         ...
 
     def active_attempts(self) -> list[Attempt]:

@@ -33,14 +33,14 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .checkpoints.advice import RunSchedule, stored_run_schedule
-from .checkpoints.schedule import HISTORY
+from .checkpoints.schedule import HISTORY, FailureIndex
 from .errors import B300Error
 from .events import Kind
 from .health import CycleSnapshot
 from .interfaces import Store
-from .model import RunState
+from .model import Run, RunState
 from .report.compute import RunInput, checkpoint_figures
-from .spec import parse_spec
+from .spec import JobSpec, parse_spec
 
 log = structlog.get_logger(__name__)
 PATH = "/metrics"
@@ -186,6 +186,8 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         drift_open: int | None = len(store.drift.open_findings())
         ckpts = store.checkpoints
         history = store.attempts_since(now - HISTORY)
+        failures = FailureIndex(history, now)  # one pass over the cluster's history for every run
+        watched: list[tuple[Run, JobSpec]] = []
         for run in runs:
             if run.state.is_terminal:
                 continue
@@ -193,9 +195,14 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
                 spec = parse_spec(run.spec_toml, where=f"run {run.id}")
             except B300Error:
                 continue
-            if not spec.checkpoint.dir:
-                continue
-            listing = ckpts.checkpoints(run.id)  # read once: the figures and the schedule both use it
+            if spec.checkpoint.dir:
+                watched.append((run, spec))
+        # Each read once for all watched runs (a few queries, not a few per run); the
+        # figures and the schedule both use the listing.
+        listings = ckpts.checkpoints_of([run.id for run, _ in watched])
+        attempts = store.attempts_of([run.id for run, _ in watched])
+        for run, spec in watched:
+            listing = listings[run.id]
             stored = [(c.info.step, c.info.mtime, c.info.size_bytes, c.replicated_to, frozenset(c.replicas))
                       for c in listing if c.info.complete]
             fig = checkpoint_figures(RunInput(run, (), checkpoint_interval_s=spec.checkpoint.interval_s,
@@ -203,7 +210,8 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
             if fig is not None and fig.newest_age_s is not None:
                 ages[run.id] = fig.newest_age_s
             sched = stored_run_schedule(store, run, spec, now, checkpoints=[c.info for c in listing],
-                                        history=history)
+                                        history=history, attempts=attempts[run.id],
+                                        failures=failures.of(run.id))
             if sched is not None:
                 if run.id not in ages and sched.age_s is not None:
                     ages[run.id] = sched.age_s  # no checkpoint yet: the running attempt's age

@@ -196,6 +196,19 @@ def test_attempts_since_are_the_recent_and_the_active_ones(store: SqlStore) -> N
     assert [x.id for x in store.attempts_since(at(0))] == [old.id, recent.id, active.id]
 
 
+def test_attempts_of_reads_many_runs_at_once(store: SqlStore) -> None:
+    for run_id in ("a", "b", "c"):
+        _new_run(store, run_id)
+    first = store.begin_attempt("a", at(1))
+    store.update_attempt(first.id, at(2), state=AttemptState.FAILED, end=at(2))
+    store.begin_attempt("a", at(3))
+    store.begin_attempt("b", at(3))
+    got = store.attempts_of(["b", "a", "c", "nope"])
+    assert got == {"b": store.attempts("b"), "a": store.attempts("a"), "c": [], "nope": []}
+    assert [x.number for x in got["a"]] == [1, 2]
+    assert store.attempts_of([]) == {}
+
+
 # -- events --------------------------------------------------------------------
 
 

@@ -16,7 +16,15 @@ from typing import Any
 from ..interfaces import Store
 from ..model import Attempt, AttemptState, CheckpointInfo, Run
 from ..spec import JobSpec
-from .schedule import HISTORY, YoungDaly, failure_history, format_span, schedule_status, young_daly
+from .schedule import (
+    HISTORY,
+    FailureHistory,
+    YoungDaly,
+    failure_history,
+    format_span,
+    schedule_status,
+    young_daly,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +66,10 @@ class RunSchedule:
 
 
 def run_schedule(run: Run, spec: JobSpec, checkpoints: Sequence[CheckpointInfo], attempts: Sequence[Attempt],
-                 history: Sequence[Attempt], now: datetime) -> RunSchedule | None:
-    """The schedule figures of one run; None when its spec names no checkpoint dir."""
+                 history: Sequence[Attempt], now: datetime, *,
+                 failures: FailureHistory | None = None) -> RunSchedule | None:
+    """The schedule figures of one run; None when its spec names no checkpoint dir.
+    ``failures``: the run's :func:`failure_history` over ``history``, if already computed."""
     policy = spec.checkpoint
     if policy.dir is None:
         return None
@@ -74,7 +84,9 @@ def run_schedule(run: Run, spec: JobSpec, checkpoints: Sequence[CheckpointInfo],
     else:
         age = (now - newest.mtime).total_seconds() if newest else None
         counted_from, overdue = ("checkpoint" if newest else None), False
-    advice = young_daly(complete, failure_history(run.id, history, now), spec.nodes, policy.interval_s)
+    if failures is None:
+        failures = failure_history(run.id, history, now)
+    advice = young_daly(complete, failures, spec.nodes, policy.interval_s)
     return RunSchedule(run.id, policy.interval_s, age, counted_from, overdue,
                        newest.step if newest else None, policy.signal, policy.signal_to, advice)
 
@@ -86,12 +98,16 @@ def stored_checkpoints(store: Store, run_id: str) -> list[CheckpointInfo]:
 
 def stored_run_schedule(store: Store, run: Run, spec: JobSpec, now: datetime, *,
                         checkpoints: Sequence[CheckpointInfo] | None = None,
-                        history: Sequence[Attempt] | None = None) -> RunSchedule | None:
+                        history: Sequence[Attempt] | None = None,
+                        attempts: Sequence[Attempt] | None = None,
+                        failures: FailureHistory | None = None) -> RunSchedule | None:
     """:func:`run_schedule` with its inputs read from the store (``checkpoints``: a fresh
-    listing instead of the stored one; ``history``: the cluster's attempts, if already read)."""
+    listing instead of the stored one; ``history``: the cluster's attempts, ``attempts``:
+    the run's, ``failures``: the run's failure history, each if already read)."""
     if spec.checkpoint.dir is None:
         return None
     return run_schedule(run, spec,
                         stored_checkpoints(store, run.id) if checkpoints is None else checkpoints,
-                        store.attempts(run.id),
-                        store.attempts_since(now - HISTORY) if history is None else history, now)
+                        store.attempts(run.id) if attempts is None else attempts,
+                        store.attempts_since(now - HISTORY) if history is None else history, now,
+                        failures=failures)

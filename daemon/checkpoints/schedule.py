@@ -136,19 +136,30 @@ def is_infra_failure(a: Attempt) -> bool:
 
 def failure_history(run_id: str, attempts: Iterable[Attempt], now: datetime) -> FailureHistory:
     """Failures per node-second over ``attempts`` (the cluster's, this run's among them)."""
-    run_f = cl_f = 0
-    run_s = cl_s = 0.0
-    for a in attempts:
-        node_s = 0.0
-        if a.start is not None:
-            node_s = max(0.0, ((a.end or now) - a.start).total_seconds()) * max(1, len(a.nodes))
-        failed = is_infra_failure(a)
-        cl_s += node_s
-        cl_f += failed
-        if a.run_id == run_id:
-            run_s += node_s
-            run_f += failed
-    return FailureHistory(run_f, run_s, cl_f, cl_s)
+    return FailureIndex(attempts, now).of(run_id)
+
+
+class FailureIndex:
+    """:func:`failure_history` of every run of one attempt list, from one pass over it
+    (a scrape of many runs reads the cluster's history once, not once per run)."""
+
+    def __init__(self, attempts: Iterable[Attempt], now: datetime) -> None:
+        self._runs: dict[str, tuple[int, float]] = {}
+        failures, node_s_total = 0, 0.0
+        for a in attempts:
+            node_s = 0.0
+            if a.start is not None:
+                node_s = max(0.0, ((a.end or now) - a.start).total_seconds()) * max(1, len(a.nodes))
+            failed = int(is_infra_failure(a))
+            failures += failed
+            node_s_total += node_s
+            f, s = self._runs.get(a.run_id, (0, 0.0))
+            self._runs[a.run_id] = (f + failed, s + node_s)
+        self._cluster = (failures, node_s_total)
+
+    def of(self, run_id: str) -> FailureHistory:
+        run_f, run_s = self._runs.get(run_id, (0, 0.0))
+        return FailureHistory(run_f, run_s, *self._cluster)
 
 
 def observed_mtbf(attempts: Iterable[Attempt], now: datetime) -> float | None:

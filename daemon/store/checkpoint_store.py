@@ -142,17 +142,39 @@ class CheckpointStore:
             if not include_deleted:
                 query = query.where(col(CheckpointRow.deleted_at).is_(None))
             rows = session.exec(query.order_by(col(CheckpointRow.step), col(CheckpointRow.path))).all()
-            ids = [r.id for r in rows]
-            replicas: dict[int, dict[str, bool]] = {}
-            pruned: dict[int, set[str]] = {}
+            return _with_replicas(session, rows)
+
+    def checkpoints_of(self, run_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]]:
+        """:meth:`checkpoints` (not deleted) of each named run: a query per 500 runs and
+        one per 500 checkpoints for their replicas, instead of two per run."""
+        out: dict[str, list[StoredCheckpoint]] = {r: [] for r in run_ids}
+        ids = list(out)
+        with self._sessions.read() as session:
             for i in range(0, len(ids), 500):  # bounded IN lists
-                for rep in session.exec(select(CheckpointReplicaRow).where(
-                        col(CheckpointReplicaRow.checkpoint_id).in_(ids[i:i + 500]))):
-                    replicas.setdefault(rep.checkpoint_id, {})[rep.target] = rep.ok
-                    if rep.pruned_at is not None:
-                        pruned.setdefault(rep.checkpoint_id, set()).add(rep.target)
-            return [_to_record(r, replicas.get(r.id or 0, {}), frozenset(pruned.get(r.id or 0, ())))
-                    for r in rows]
+                rows = session.exec(
+                    select(CheckpointRow)
+                    .where(col(CheckpointRow.run_id).in_(ids[i:i + 500]),
+                           col(CheckpointRow.deleted_at).is_(None))
+                    .order_by(col(CheckpointRow.run_id), col(CheckpointRow.step), col(CheckpointRow.path))
+                ).all()
+                for row, record in zip(rows, _with_replicas(session, rows), strict=True):
+                    out[row.run_id].append(record)
+        return out
+
+
+def _with_replicas(session: Session, rows: Sequence[CheckpointRow]) -> list[StoredCheckpoint]:
+    """``rows`` as records, with their replicas read in bounded IN lists."""
+    ids = [r.id for r in rows]
+    replicas: dict[int, dict[str, bool]] = {}
+    pruned: dict[int, set[str]] = {}
+    for i in range(0, len(ids), 500):  # bounded IN lists
+        for rep in session.exec(select(CheckpointReplicaRow).where(
+                col(CheckpointReplicaRow.checkpoint_id).in_(ids[i:i + 500]))):
+            replicas.setdefault(rep.checkpoint_id, {})[rep.target] = rep.ok
+            if rep.pruned_at is not None:
+                pruned.setdefault(rep.checkpoint_id, set()).add(rep.target)
+    return [_to_record(r, replicas.get(r.id or 0, {}), frozenset(pruned.get(r.id or 0, ())))
+            for r in rows]
 
 
 def _find_row(session: Session, run_id: str, path: str) -> CheckpointRow | None:

@@ -333,6 +333,21 @@ class SqlStore:
             ).all()
             return [to_attempt(row) for row in rows]
 
+    def attempts_of(self, run_ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        """Each named run's attempts in order of number; unknown runs map to ``[]``."""
+        out: dict[str, list[Attempt]] = {r: [] for r in run_ids}
+        ids = list(out)
+        with self._sessions.read() as session:
+            for i in range(0, len(ids), 500):  # bounded IN lists
+                rows = session.exec(
+                    select(AttemptRow)
+                    .where(col(AttemptRow.run_id).in_(ids[i:i + 500]))
+                    .order_by(col(AttemptRow.run_id), col(AttemptRow.number))
+                ).all()
+                for row in rows:
+                    out[row.run_id].append(to_attempt(row))
+        return out
+
     def active_attempts(self) -> list[Attempt]:
         """Every non-terminal attempt of every run (SUBMITTING included), by id."""
         with self._sessions.read() as session:

@@ -53,6 +53,19 @@ def test_listing_verdicts_marks_replicas_and_prunes(store: SqlStore) -> None:
     assert [c.info.step for c in cs.checkpoints("r1")] == [3]
 
 
+def test_checkpoints_of_many_runs_is_checkpoints_of_each(store: SqlStore) -> None:
+    cs = store.checkpoints
+    for run_id in ("r1", "r2", "r3"):
+        store.create_run(run_id, run_id, "spec", NOW)
+    cs.record_listing("r1", [_ck(2), _ck(1)], NOW)
+    cs.record_listing("r2", [_ck(3)], NOW)
+    cs.record_replica("r1", "/ckpt/step_2", "s3", True, NOW, bytes_sent=100)
+    cs.record_pruned("r1", ["/ckpt/step_1"], NOW)  # deleted: left out, as checkpoints() does
+    got = cs.checkpoints_of(["r2", "r1", "r3"])
+    assert got == {"r2": cs.checkpoints("r2"), "r1": cs.checkpoints("r1"), "r3": []}
+    assert [c.info.step for c in got["r1"]] == [2] and got["r1"][0].replicas == {"s3": True}
+
+
 def test_save_time_is_kept_and_updated(store: SqlStore) -> None:
     store.create_run("r1", "r1", "spec", NOW)
     cs = store.checkpoints

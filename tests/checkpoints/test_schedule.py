@@ -16,6 +16,7 @@ from ckpt_fixtures import generic
 
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.schedule import (
+    FailureIndex,
     ScheduleEnforcer,
     failure_history,
     format_span,
@@ -100,6 +101,9 @@ def test_young_daly_from_save_times_and_the_run_and_cluster_history() -> None:
                  outcome="SIGNALLED", nodes=("n1",), number=2),
     ]
     h = failure_history("ck-run", history, NOW)
+    index = FailureIndex(history, NOW)  # every run's from one pass: the same figures
+    assert [index.of(r) for r in ("ck-run", "other", "none")] == [
+        h, failure_history("other", history, NOW), failure_history("none", history, NOW)]
     assert (h.run_failures, h.run_node_s) == (1, 2 * 6 * 3600)
     assert (h.cluster_failures, h.cluster_node_s) == (2, (12 + 40 + 1) * 3600)
     # 53 node-hours per 2 failures, on the run's 2 nodes: 13.25 h between failures.
