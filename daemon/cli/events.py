@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..config.duration import DurationError, duration_seconds
 from ..errors import UsageError
 from .command import Command, Context, arg
 from .output import details, print_json
@@ -24,22 +24,23 @@ if TYPE_CHECKING:
     from ..interfaces import Store
     from ..model import Event
 
-_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)")
-_UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 FOLLOW_INTERVAL_S = 1.0
 _LINE_MAX = 400
 _PAGE = 5000
 
 
 def parse_when(text: str, now: datetime, what: str = "--since") -> datetime:
-    """A time from ``2026-11-23``, ``2026-11-23T08:00[+01:00]`` (UTC if no offset) or ``2h``/``7d`` ago."""
-    if m := _RELATIVE.fullmatch(text.strip()):
-        return now - timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
+    """A time from ``2026-11-23``, ``2026-11-23T08:00[+01:00]`` (UTC if no offset), or an age
+    in the project's one duration grammar (:mod:`b300.config.duration`: ``2h``, ``90 min``,
+    ``7d``, ``1w``; a bare number is seconds) before ``now``."""
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise UsageError(f"{what}: {text!r} is not a date (2026-11-23, 2026-11-23T08:00) "
-                         "or an age (2h, 7d)") from None
+        try:
+            return now - timedelta(seconds=duration_seconds(text))
+        except (DurationError, OverflowError):
+            raise UsageError(f"{what}: {text!r} is not a date (2026-11-23, 2026-11-23T08:00) "
+                             "or an age (2h, 7d)") from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -64,3 +64,18 @@ def test_the_cli_flag_error_is_one_line_naming_the_flag() -> None:
         parse_span("a while", "--keep-hourly-for", "b300ctl", UsageError)
     assert str(err.value) == "b300ctl: --keep-hourly-for must be a duration like '1h' or '90m', got 'a while'"
     assert err.value.exit_code == 2
+
+
+def test_cli_times_use_the_one_duration_grammar() -> None:
+    from b300.cli.events import parse_when
+
+    now = datetime(2026, 12, 2, 12, tzinfo=UTC)
+    # Every age the config grammar accepts is an age on the command line too.
+    for text, seconds in (("2h", 7200), ("90 min", 5400), ("1.5hr", 5400), ("1w", 604800), ("90", 90),
+                          ("30sec", 30)):
+        assert parse_when(text, now) == now - timedelta(seconds=seconds), text
+    assert parse_when("2026-11-23", now) == datetime(2026, 11, 23, tzinfo=UTC)
+    assert parse_when("2026-11-23T08:00+01:00", now).utcoffset() == timedelta(hours=1)
+    for bad in ("yesterday", "0", "-1h", "nan", "1H", "999999999d", ""):
+        with pytest.raises(UsageError, match=r"^--since: .* is not a date"):
+            parse_when(bad, now)
