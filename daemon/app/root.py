@@ -167,6 +167,8 @@ def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: thr
 
     monitor = LivenessMonitor(cfg, TcpProber(timeout_s=cfg.timeout_s, max_in_flight=cfg.max_in_flight),
                               SshConfirmer(confirm_runner(config.drift.ssh, config.drift.endpoints(), cfg)))
+    log.info("liveness.on", interval_s=cfg.interval_s, misses_to_suspect=cfg.misses_to_suspect,
+             confirm_window_s=cfg.confirm_window_s)
     return NodeLossWatch(store, slurm, monitor, lock=lock, clock=clock, wake=wake,
                          settle_s=config.recovery.settle_s)
 
