@@ -28,7 +28,8 @@ from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, slurm_
 pytestmark = pytest.mark.slurm
 TRAIN = Path(__file__).resolve().parent.parent / "workload" / "train.py"
 NOBODY = 65534
-_PRELOAD = ("locale", "b300.cli", "b300.spec", "b300.config.tables", "b300.cli.drill", "b300.config", "b300.control_client", "b300.config.duration")
+_PRELOAD = ("locale", "b300.cli", "b300.spec", "b300.config.tables", "b300.cli.drill", "b300.config",
+            "b300.control_client", "b300.config.duration")
 
 
 def _spec(tmp_path: Path, steps: int = 60) -> Path:
@@ -192,8 +193,9 @@ def test_a_non_admin_is_refused(shared: tuple[DaemonHandle, Path, str], tmp_path
             f"for name in {_PRELOAD!r}:\n    importlib.import_module(name)\n"
             f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
             "import b300.cli\nsys.exit(b300.cli.main(sys.argv[1:]))\n")
-    proc = subprocess.run([sys.executable, "-c", code, "--config", str(cfg), "drill", run_id], capture_output=True,
-                          text=True, timeout=60, check=False, env={**os.environ, "HOME": "/"})
+    proc = subprocess.run([sys.executable, "-c", code, "--config", str(cfg), "drill", run_id],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "HOME": "/"})
     _refused(proc, "user nobody may not drill")
     refusals = [json.loads(line) for line in d.log.read_text().splitlines() if '"control.refused"' in line]
     assert [r["op"] for r in refusals] == ["drill"] and refusals[0]["uid"] == NOBODY

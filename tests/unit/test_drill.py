@@ -78,9 +78,9 @@ def test_healthy_means_in_service() -> None:
 
 
 def _start(**kw: Any) -> DrillStart:
-    args: dict[str, Any] = {"id": 100, "ts": T0, "run_id": "r-1", "attempt_id": 11, "attempt": 1, "node": "gpu02",
-                            "method": "crash", "step_at_failure": 14, "resume_step": 10, "node_was_healthy": True,
-                            "node_state": "allocated", "timeout_s": 600.0, **kw}
+    args: dict[str, Any] = {"id": 100, "ts": T0, "run_id": "r-1", "attempt_id": 11, "attempt": 1,
+                            "node": "gpu02", "method": "crash", "step_at_failure": 14, "resume_step": 10,
+                            "node_was_healthy": True, "node_state": "allocated", "timeout_s": 600.0, **kw}
     return DrillStart(**args)
 
 
@@ -173,7 +173,7 @@ def test_site_commands_take_the_node_as_an_argv_element_of_its_own() -> None:
 
 def test_the_request_is_checked_before_the_daemon_sees_it() -> None:
     r = parse_request({"op": "drill", "run_id": "r-1", "node": "gpu01", "method": "crash", "timeout_s": 60})
-    assert (r.op, getattr(r, "node"), getattr(r, "method")) == ("drill", "gpu01", "crash")
+    assert (r.op, r.node, r.method) == ("drill", "gpu01", "crash")
     for bad, words in [({"method": "reboot"}, "drill: method"), ({"node": "gpu01;rm -rf /"}, "bad node name"),
                        ({"timeout_s": 0}, "drill: timeout_s"), ({"timeout_s": 7200}, "drill: timeout_s")]:
         with pytest.raises(UsageError, match=words):
