@@ -187,3 +187,30 @@ def test_the_timeout_option() -> None:
     for bad, words in [("2h", "between 1 s and 1 h"), ("soon", "--timeout must be"), ("0", "--timeout")]:
         with pytest.raises(UsageError, match=words):
             drill_timeout(bad)
+
+
+def test_the_weekly_report_lists_the_windows_drills_with_their_figures() -> None:
+    from b300.report.compute import Window, weekly_report
+    from b300.report.render import render_html, render_text
+
+    window = Window(T0 - timedelta(days=7), T0)
+    finished = {"drill": 5, "node": "gpu02", "method": "crash", "outcome": "trained again", "detect_s": 3.5,
+                "excluded_s": 3.7, "resubmit_s": 4.6, "allocation_s": 6.25, "training_s": 12.0,
+                "resume_step": 10, "steps_lost": 4, "returned": "resumed"}
+    events = [Event(1, T0 - timedelta(days=1), Kind.DRILL_FINISHED.value, run_id="r-1", node="gpu02",
+                    data=finished),
+              # before the window
+              Event(2, T0 - timedelta(days=9), Kind.DRILL_FINISHED.value, run_id="r-0", data=finished),
+              Event(3, T0 - timedelta(days=2), Kind.DRILL_STARTED.value, run_id="r-1", data={"node": "gpu03"})]
+    report = weekly_report([], events, window, T0)
+    [row] = report.drills
+    assert (row.run_id, row.node, row.method, row.detect_s, row.excluded_s, row.training_s, row.resume_step,
+            row.steps_lost) == ("r-1", "gpu02", "crash", 3.5, 3.7, 12.0, 10, 4)
+    text = render_text(report)
+    assert "Failure drills: 1" in text
+    line = next(x for x in text.splitlines() if "gpu02" in x)
+    assert line.split()[2:] == ["r-1", "gpu02", "crash", "3.5", "3.7", "4.6", "6.2", "12.0", "10", "4",
+                                "trained", "again"]
+    assert "<td" in render_html(report, {}, lambda name, data: name) and "12.0" in render_html(
+        report, {}, lambda name, data: name)
+    assert "Failure drills: 0" in render_text(weekly_report([], [], window, T0))
