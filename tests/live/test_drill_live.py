@@ -202,3 +202,33 @@ def test_a_non_admin_is_refused(shared: tuple[DaemonHandle, Path, str], tmp_path
     assert not [e for e in d.ctl("events") if e["kind"].startswith("drill.")]
     cancel_test_jobs(d.slurm_conf, d)
     d.kill(signal.SIGTERM)
+
+
+def test_the_drill_outlives_its_client_and_a_daemon_restart(tmp_path: Path, slurm_conf: str) -> None:
+    """The daemon owns the drill: b300ctl killed once it started, then b300d killed and
+    started again in the middle of the recovery; the record is still finished with every
+    figure."""
+    d = _daemon(tmp_path, slurm_conf)
+    try:
+        run_id = d.submit(_spec(tmp_path))
+        d.wait_run(run_id, {"RUNNING"}, timeout=120)
+        wait_for(lambda: _checkpointed(tmp_path) and _progress(tmp_path) >= 7, 120, "a checkpoint and step 7")
+        with subprocess.Popen([sys.executable, "-m", "b300.ctl", "--config", str(d.config), "drill", run_id,
+                               "--timeout", "4m"], stdout=subprocess.PIPE, text=True, env=d.env) as ctl:
+            try:
+                assert ctl.stdout is not None
+                first = ctl.stdout.readline()
+            finally:
+                ctl.kill()
+        assert first.startswith("drill ") and f"run {run_id}" in first, first
+        d.kill(signal.SIGKILL)   # a crash of the daemon, in the middle of the recovery
+        d.start()
+        finished = wait_for(lambda: [e for e in _drill_events(d, run_id) if e["kind"] == "drill.finished"],
+                            240, "the drill finished by the restarted daemon")[0]["data"]
+        assert finished["outcome"] == "trained again", finished
+        assert all(isinstance(finished[k], int | float) for k in
+                   ("detect_s", "excluded_s", "resubmit_s", "allocation_s", "training_s", "steps_lost"))
+        assert finished["returned"] == "resumed"
+        assert '"drill.resumed_watching"' in d.log.read_text()
+    finally:
+        d.cleanup()
