@@ -208,7 +208,11 @@ class Daemon:
         sd_notify(f"READY=1\nSTATUS=tracking (poll every {cfg.poll_interval_s:g} s)")
         log.info("daemon.started", version=__version__, pid=os.getpid(), socket=cfg.socket,
                  slurm=p.slurm.name, poll_interval_s=cfg.poll_interval_s)
-        p.lifetime.stop_event.wait()
+        # Bounded waits: Python runs a signal's handler in the main thread only when that
+        # thread runs Python code, and the kernel may give SIGTERM to another thread; an
+        # unbounded wait here then never returned (seen: a SIGTERM lost right after a drill).
+        while not p.lifetime.stop_event.wait(1.0):
+            pass
         sd_notify("STOPPING=1")
         log.info("daemon.stopping")
         # wait=True: a cycle in progress finishes; its intents are already recorded.

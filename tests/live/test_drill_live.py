@@ -204,10 +204,13 @@ def test_a_non_admin_is_refused(shared: tuple[DaemonHandle, Path, str], tmp_path
     d.kill(signal.SIGTERM)
 
 
-def test_the_drill_outlives_its_client_and_a_daemon_restart(tmp_path: Path, slurm_conf: str) -> None:
-    """The daemon owns the drill: b300ctl killed once it started, then b300d killed and
-    started again in the middle of the recovery; the record is still finished with every
-    figure."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "crashed"])
+def test_the_drill_outlives_its_client_and_a_daemon_restart(tmp_path: Path, slurm_conf: str,
+                                                            stop: signal.Signals) -> None:
+    """The daemon owns the drill: b300ctl killed once it started, then b300d stopped (or
+    killed -9) and started again in the middle of the recovery; the record is still
+    finished with every figure. (The SIGTERM right after the drill's start was lost by
+    the daemon 3 times in 4 before its main thread waited in bounded steps.)"""
     d = _daemon(tmp_path, slurm_conf)
     try:
         run_id = d.submit(_spec(tmp_path))
@@ -221,7 +224,7 @@ def test_the_drill_outlives_its_client_and_a_daemon_restart(tmp_path: Path, slur
             finally:
                 ctl.kill()
         assert first.startswith("drill ") and f"run {run_id}" in first, first
-        d.kill(signal.SIGKILL)   # a crash of the daemon, in the middle of the recovery
+        d.kill(stop)   # waits at most 30 s for it to end
         d.start()
         finished = wait_for(lambda: [e for e in _drill_events(d, run_id) if e["kind"] == "drill.finished"],
                             240, "the drill finished by the restarted daemon")[0]["data"]
