@@ -112,7 +112,7 @@ _LIVENESS = frozenset({"evidence", "misses"})
 _DRILL = frozenset({"drill", "node", "method", "attempt", "job_id", "step_at_failure", "resume_step",
                     "node_state", "node_was_healthy", "timeout_s", "inject_s", "output", "outcome",
                     "error", "detect_s", "detected_by", "drain_s", "excluded_s", "resubmit_s",
-                    "allocation_s", "training_s", "trained_step", "new_attempt", "steps_lost",
+                    "allocation_s", "training_s", "trained_step", "new_attempt", "steps_lost", "last_step",
                     "returned"})
 
 #: The payload keys each kind may carry.

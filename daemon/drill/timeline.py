@@ -16,8 +16,9 @@ event that shows the milestone, so it can be recomputed from the store at any ti
 - **allocation**: the next attempt running (``attempt.state`` to RUNNING);
 - **training again**: the run's progress file showed a step past the resume step (seen
   by the daemon; passed in, as it is not an event);
-- **steps lost**: the step the run had reached when the node was pulled, minus the step
-  it resumed at.
+- **steps lost**: the last step the run reached (when the node was pulled, or later: the
+  job may run on until the failure takes hold, and save a newer checkpoint meanwhile),
+  minus the step the next attempt resumed at.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class DrillFigures:
     trained_step: int | None = None
     new_attempt: int | None = None
     resume_step: int | None = None
+    last_step: int | None = None
     steps_lost: int | None = None
 
     def as_data(self) -> dict[str, Any]:
@@ -136,7 +138,8 @@ class DrillFigures:
             ("excluded_s", self.excluded_s), ("resubmit_s", self.resubmit_s),
             ("allocation_s", self.allocation_s), ("training_s", self.training_s),
             ("trained_step", self.trained_step), ("new_attempt", self.new_attempt),
-            ("resume_step", self.resume_step), ("steps_lost", self.steps_lost))}
+            ("resume_step", self.resume_step), ("last_step", self.last_step),
+            ("steps_lost", self.steps_lost))}
 
 
 def next_attempt(start: DrillStart, attempts: Sequence[Attempt]) -> Attempt | None:
@@ -147,10 +150,12 @@ def next_attempt(start: DrillStart, attempts: Sequence[Attempt]) -> Attempt | No
 
 def drill_figures(start: DrillStart, events: Sequence[Event], attempts: Sequence[Attempt], *,
                   trained: tuple[datetime, int] | None = None,
-                  resume_steps: Mapping[str, int] | None = None) -> DrillFigures:
+                  resume_steps: Mapping[str, int] | None = None,
+                  last_step: int | None = None) -> DrillFigures:
     """The figures of ``start``'s drill from the events since it (any order; others ignored),
     the run's attempts, when the progress file was first seen past the resume step
-    (``trained``: time, step) and the steps of the run's checkpoints by path."""
+    (``trained``: time, step), the steps of the run's checkpoints by path and the highest
+    step seen of the drilled attempt (``last_step``)."""
     zero = start.ts
     later = next_attempt(start, attempts)
     later_ids = {a.id for a in attempts if a.number > start.attempt}
@@ -179,14 +184,15 @@ def drill_figures(start: DrillStart, events: Sequence[Event], attempts: Sequence
     training_s = trained_step = None
     if trained is not None and later is not None:
         training_s, trained_step = (trained[0] - zero).total_seconds(), trained[1]
-    lost = (max(0, start.step_at_failure - resume_step)
-            if start.step_at_failure is not None and resume_step is not None else None)
+    reached = max((s for s in (start.step_at_failure, last_step) if s is not None), default=None)
+    lost = max(0, reached - resume_step) if reached is not None and resume_step is not None else None
     return DrillFigures(
         detect_s=detect[0] if detect else None, detected_by=detect[1].kind if detect else "",
         drain_s=drain[0] if drain else None, excluded_s=excluded,
         resubmit_s=resubmit[0] if resubmit else None, allocation_s=allocation[0] if allocation else None,
         training_s=training_s, trained_step=trained_step,
-        new_attempt=later.number if later is not None else None, resume_step=resume_step, steps_lost=lost)
+        new_attempt=later.number if later is not None else None, resume_step=resume_step,
+        last_step=reached, steps_lost=lost)
 
 
 def trained_again(step: str, resume_step: int | None) -> int | None:

@@ -76,6 +76,8 @@ class DrillWatch:
         self._wake = wake
         self._scheduler: Any = None
         self._trained: dict[int, tuple[datetime, int]] = {}
+        self._last_step: dict[int, int] = {}          # highest step of the drilled attempt seen
+        self._resume_steps: dict[int, dict[str, int]] = {}  # checkpoint steps by path, per drill
 
     # -- scheduling ------------------------------------------------------------
 
@@ -215,13 +217,20 @@ class DrillWatch:
     def _measure(self, d: DrillStart) -> None:
         now = self._clock()
         run = self._store.get_run(d.run_id)
+        spec = spec_of(run)
         attempts = self._store.attempts(d.run_id)
         later = next_attempt(d, attempts)
-        steps = {c.info.path: c.info.step for c in self._store.checkpoints.checkpoints(d.run_id)}
+        progress = spec.health.progress_file or ""
+        if later is None or later.state is not AttemptState.RUNNING:
+            # The drilled attempt may run on for a while (and even save a checkpoint).
+            drilled = next((a for a in attempts if a.id == d.attempt_id), None)
+            step = trained_again(read_progress(progress, drilled.start if drilled else None), -1)
+            if step is not None:
+                self._last_step[d.id] = max(step, self._last_step.get(d.id, step))
+        steps = self._steps(d, spec, later)
         resume_step = steps.get(later.resume_from or "", d.resume_step) if later else d.resume_step
         if later is not None and d.id not in self._trained and later.state is AttemptState.RUNNING:
-            spec = spec_of(run)
-            step = trained_again(read_progress(spec.health.progress_file or "", later.start), resume_step)
+            step = trained_again(read_progress(progress, later.start), resume_step)
             if step is not None:
                 self._trained[d.id] = (now, step)
                 log.info("drill.training_again", step=step, after_s=round((now - d.ts).total_seconds(), 2))
@@ -232,15 +241,27 @@ class DrillWatch:
         elif run.state.is_terminal:
             self._finish(d, attempts, steps, f"run ended {run.state.value}")
 
+    def _steps(self, d: DrillStart, spec: Any, later: Attempt | None) -> dict[str, int]:
+        """Checkpoint steps by path: the store's records, and the run's folder listed once
+        the next attempt names a checkpoint they do not know yet (saved after the drill began)."""
+        steps = self._resume_steps.get(d.id)
+        if steps is None:
+            steps = {c.info.path: c.info.step for c in self._store.checkpoints.checkpoints(d.run_id)}
+        if later is not None and later.resume_from and later.resume_from not in steps:
+            steps = {**steps, **self._checkpoint_steps(spec)}
+        self._resume_steps[d.id] = steps
+        return steps
+
     def _finish(self, d: DrillStart, attempts: list[Attempt], steps: dict[str, int], outcome: str) -> None:
         figures = drill_figures(d, self._events_since(d), attempts, trained=self._trained.get(d.id),
-                                resume_steps=steps)
+                                resume_steps=steps, last_step=self._last_step.get(d.id))
         returned = self._return_node(d)
         self._store.append_events([NewEvent(
             Kind.DRILL_FINISHED, run_id=d.run_id, attempt_id=d.attempt_id, node=d.node, actor="drill",
             data={"drill": d.id, "node": d.node, "method": d.method, "outcome": outcome,
                   "returned": returned, **figures.as_data()})], self._clock())
-        self._trained.pop(d.id, None)
+        for memo in (self._trained, self._last_step, self._resume_steps):
+            memo.pop(d.id, None)
         log.warning("drill.finished", outcome=outcome, returned=returned, **figures.as_data())
 
     def _return_node(self, d: DrillStart) -> str:

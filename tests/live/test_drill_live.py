@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_node_loss_live as nl
+from test_node_loss_live import node_sshd, slow_cluster  # noqa: F401  (fixtures, shared)
 
 from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, slurm_cmd, wait_for, write_spec
 
@@ -103,7 +105,8 @@ def _drill_and_check(tmp_path: Path, d: DaemonHandle, slurm_conf: str, method: s
     assert figures == sorted(figures), finished
     assert finished["new_attempt"] == 2 and finished["resume_step"] >= 5
     assert finished["trained_step"] > finished["resume_step"]
-    assert finished["steps_lost"] == started["step_at_failure"] - finished["resume_step"]
+    assert finished["last_step"] >= started["step_at_failure"]
+    assert finished["steps_lost"] == max(0, finished["last_step"] - finished["resume_step"])
     # The record is in the store: the events b300ctl shows, with the same figures.
     kinds = [e["kind"] for e in _drill_events(d, run_id)]
     assert kinds == ["drill.started", "drill.injected", "drill.finished"], kinds
@@ -235,3 +238,54 @@ def test_the_drill_outlives_its_client_and_a_daemon_restart(tmp_path: Path, slur
         assert '"drill.resumed_watching"' in d.log.read_text()
     finally:
         d.cleanup()
+
+
+
+def test_a_crash_drill_with_active_detection_beats_slurm(
+        tmp_path: Path, slow_cluster: nl.SlowCluster, node_sshd: nl.Sim) -> None:  # noqa: F811
+    """Slurm's default SlurmdTimeout=300 and the daemon's own checks ([liveness], confirmed
+    over each node's sshd; the cluster and sshds of test_node_loss_live): the crash
+    (slurmd killed, the job's processes frozen, the node's sshd stopped: a node powered
+    off) is found by the daemon, and the run trains again before Slurm marks the node down."""
+    if os.geteuid() != 0:
+        pytest.skip("localcluster.sh freeze-node needs root")
+    crash = tmp_path / "crash.sh"
+    crash.write_text("#!/bin/bash\nset -eu\n"
+                     f"bash {CLUSTER} freeze-node \"$1\"\n"
+                     f"kill -TERM \"$(cat {node_sshd.base}/\"$1\"/sshd.pid)\"\n")
+    d = nl._daemon(tmp_path, slow_cluster, node_sshd)
+    victim = ""
+    try:
+        d.kill(signal.SIGTERM)
+        with d.config.open("a") as f:
+            f.write(f'[drill]\ncrash_command = ["/bin/bash", {json.dumps(str(crash))}, "{{node}}"]\n')
+        d.start()
+        run_id = d.submit(_spec(tmp_path))
+        first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
+        wait_for(lambda: _checkpointed(tmp_path) and _progress(tmp_path) >= 7, 120, "a checkpoint and step 7")
+        victim = first["nodes"][1]
+        proc = d.ctl_raw("--json", "drill", run_id, "--node", victim, "--method", "crash",
+                         "--timeout", "4m", timeout=400)
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        finished = json.loads(proc.stdout)["finished"]
+        assert finished["outcome"] == "trained again", finished
+        assert finished["detected_by"] == "liveness.dead", finished
+        order = [finished[k] for k in ("detect_s", "excluded_s", "resubmit_s", "allocation_s", "training_s")]
+        assert order == sorted(order), finished
+        history = [json.loads(x) for x in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+        assert history[-1]["attempt"] == 2 and history[-1]["start_step"] == finished["resume_step"]
+        # Slurm (SlurmdTimeout=300) never marked the node down by itself: the daemon's
+        # drain reason is the one on it, set before Slurm's own "Not responding".
+        drained = [e for e in d.ctl("events", "--node", victim) if e["kind"] == "node.drained"]
+        assert drained and "node dead (b300d checks)" in drained[0]["data"]["reason"], drained
+        print(f"\ncrash drill with active detection (SlurmdTimeout=300): {json.dumps(finished)}")
+    finally:
+        d.kill(signal.SIGTERM)
+        cancel_test_jobs(slow_cluster.conf, d)
+        if victim:   # the drill resumed it in Slurm; its slurmd, processes and sshd come back here
+            slow_cluster.cmd("kill-node", victim)
+            slow_cluster.cmd("restart-node", victim)
+            subprocess.run(["scontrol", "update", f"NodeName={victim}", "State=RESUME"], check=False,
+                           capture_output=True, timeout=60, env={**os.environ, "SLURM_CONF": slow_cluster.conf})
+            nl.dn.stop([node_sshd.nodes[victim]])   # reaps the sshd the crash stopped
+            nl.dn.start([node_sshd.nodes[victim]])

@@ -138,6 +138,13 @@ def test_milestones_not_reached_are_none_and_steps_lost_needs_both_steps() -> No
     f = drill_figures(_start(), [], [A1, replace(A2, resume_from="/c/step_000015")],
                       resume_steps={"/c/step_000015": 15})
     assert (f.resume_step, f.steps_lost) == (15, 0)
+    # The job ran on after the node was pulled and saved a newer checkpoint: the steps lost
+    # are from the last step seen to the one it resumed at.
+    f = drill_figures(_start(), [], [A1, replace(A2, resume_from="/c/step_000015")],
+                      resume_steps={"/c/step_000015": 15}, last_step=17)
+    assert (f.resume_step, f.last_step, f.steps_lost) == (15, 17, 2)
+    f = drill_figures(_start(step_at_failure=11), [], [A1, A2], resume_steps={}, last_step=12)
+    assert (f.resume_step, f.steps_lost) == (10, 2)
     # Training seen without a next attempt is no training again.
     assert drill_figures(_start(), [], [A1], trained=(T0, 3)).training_s is None
 
