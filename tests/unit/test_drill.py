@@ -221,3 +221,24 @@ def test_the_weekly_report_lists_the_windows_drills_with_their_figures() -> None
     assert "<td" in render_html(report, {}, lambda name, data: name) and "12.0" in render_html(
         report, {}, lambda name, data: name)
     assert "Failure drills: 0" in render_text(weekly_report([], [], window, T0))
+
+
+def test_the_screen_shows_every_figure_or_how_far_it_got(capsys: pytest.CaptureFixture[str]) -> None:
+    from b300.cli.drill import print_drill
+
+    started = {"node": "gpu02", "method": "crash", "node_state": "allocated", "step_at_failure": 14}
+    finished = {"detect_s": 3.5, "detected_by": "liveness.dead", "drain_s": 3.7, "excluded_s": 3.7,
+                "resubmit_s": 4.6, "new_attempt": 2, "allocation_s": 6.3, "training_s": 12.0,
+                "trained_step": 11, "resume_step": 10, "steps_lost": 4, "outcome": "trained again",
+                "node": "gpu02", "returned": "resumed"}
+    print_drill({"run": "r-1", "started": started, "injected": {"inject_s": 0.4}, "finished": finished})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "run r-1, node gpu02 (crash), was allocated"
+    rows = {line[:18].strip(): line[18:].split() for line in out[1:] if line.startswith("  ")}
+    assert rows["detected"][:3] == ["3.5", "s", "(liveness.dead)"]
+    assert rows["excluded"] == ["3.7", "s"] and rows["training again"] == ["12.0", "s", "(step", "11)"]
+    assert rows["resumed at step"] == ["10"] and rows["steps lost"][0] == "4"
+    assert out[-1] == "  outcome: trained again; node gpu02: resumed"
+    print_drill({"run": "r-1", "started": started})
+    out = capsys.readouterr().out
+    assert "training again         - s" in out and "still measuring" in out
