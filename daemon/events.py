@@ -56,6 +56,10 @@ class Kind(enum.StrEnum):
     LIVENESS_CLEARED = "liveness.cleared"
     LIVENESS_DEAD = "liveness.dead"
     LIVENESS_RECOVERED = "liveness.recovered"
+    # failure drills (b300ctl drill): a node pulled out of a running job on purpose, measured
+    DRILL_STARTED = "drill.started"
+    DRILL_INJECTED = "drill.injected"
+    DRILL_FINISHED = "drill.finished"
     # version drift
     DRIFT_FINDING = "drift.finding"
     DRIFT_CLEARED = "drift.cleared"
@@ -105,6 +109,11 @@ _LEASE = frozenset({"lease", "epoch", "new", "new_host", "new_pid", "since", "ol
                     "old_pid", "old_epoch", "old_renewed_at", "old_expired_at", "old_released"})
 _EVIDENCE = frozenset({"outcome", "resubmit", "suspects", "implicated", "reasons", "log"})
 _LIVENESS = frozenset({"evidence", "misses"})
+_DRILL = frozenset({"drill", "node", "method", "attempt", "job_id", "step_at_failure", "resume_step",
+                    "node_state", "node_was_healthy", "timeout_s", "inject_s", "output", "outcome",
+                    "error", "detect_s", "detected_by", "drain_s", "excluded_s", "resubmit_s",
+                    "allocation_s", "training_s", "trained_step", "new_attempt", "steps_lost", "last_step",
+                    "returned"})
 
 #: The payload keys each kind may carry.
 PAYLOAD: Mapping[Kind, frozenset[str]] = {
@@ -141,6 +150,9 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.LIVENESS_CLEARED: _LIVENESS,
     Kind.LIVENESS_DEAD: _LIVENESS,
     Kind.LIVENESS_RECOVERED: _LIVENESS,
+    Kind.DRILL_STARTED: _DRILL,
+    Kind.DRILL_INJECTED: _DRILL,
+    Kind.DRILL_FINISHED: _DRILL,
     Kind.DRIFT_FINDING: _FINDING,
     Kind.DRIFT_CLEARED: _FINDING | {"finding_id", "resumed", "reason"},
     Kind.DRIFT_DRAINED: frozenset({"reason"}),
@@ -195,6 +207,8 @@ EXCLUSIONS = (Kind.ATTEMPT_INTENT, Kind.ATTEMPT_EXCLUDED)
 END_CAUSES = (Kind.RUN_CANCEL, Kind.ATTEMPT_HANG, Kind.CHECKPOINT_SIGNAL, Kind.ATTEMPT_NODE_LOST)
 #: The daemon's own liveness verdicts about a node.
 LIVENESS = (Kind.LIVENESS_SUSPECT, Kind.LIVENESS_CLEARED, Kind.LIVENESS_DEAD, Kind.LIVENESS_RECOVERED)
+#: One failure drill's record (``data["drill"]``: the id of its drill.started event).
+DRILLS = (Kind.DRILL_STARTED, Kind.DRILL_INJECTED, Kind.DRILL_FINISHED)
 #: The alert scanner's bookmarks.
 ALERT_MARKS = (Kind.ALERT_SENT, Kind.ALERTS_CURSOR)
 #: The weekly report's delivery record.

@@ -27,6 +27,7 @@ from ..config import Config
 from ..control import ControlServer
 from ..cycle.pipeline import CycleReport, PollCycle
 from ..drift.watch import DriftWatch
+from ..drill.watch import DrillWatch
 from ..errors import SlurmError, StoreError
 from ..events import Kind
 from ..health import CycleHealth, Watchdog, watchdog_interval_s
@@ -160,6 +161,7 @@ class DaemonParts:
     router: ControlRouter
     reloader: ConfigReloader
     on_start: Callable[[], None]   # after the schedule starts: arm the trigger, check folders
+    drills: DrillWatch | None = None  # b300ctl drill: measured here, scheduled while one is open
 
 
 class Daemon:
@@ -201,10 +203,16 @@ class Daemon:
         sched.start()
         p.operations.start(sched, sd_notify)
         p.on_start()
+        if p.drills is not None:
+            p.drills.attach(sched)
         sd_notify(f"READY=1\nSTATUS=tracking (poll every {cfg.poll_interval_s:g} s)")
         log.info("daemon.started", version=__version__, pid=os.getpid(), socket=cfg.socket,
                  slurm=p.slurm.name, poll_interval_s=cfg.poll_interval_s)
-        p.lifetime.stop_event.wait()
+        # Bounded waits: Python runs a signal's handler in the main thread only when that
+        # thread runs Python code, and the kernel may give SIGTERM to another thread; an
+        # unbounded wait here then never returned (seen: a SIGTERM lost right after a drill).
+        while not p.lifetime.stop_event.wait(1.0):
+            pass
         sd_notify("STOPPING=1")
         log.info("daemon.stopping")
         # wait=True: a cycle in progress finishes; its intents are already recorded.

@@ -25,7 +25,7 @@ from ..interfaces import NewEvent, Store
 #: Fields of Config a running daemon can take over without a restart.
 LIVE_FIELDS = frozenset({
     "poll_interval_s", "max_backoff_s", "log_format", "log_level",
-    "admin_group", "recovery", "report", "alerts",
+    "admin_group", "recovery", "report", "alerts", "drill",
 })
 
 

@@ -91,12 +91,37 @@ class CheckpointsPrune(_Request):
     keep_daily_for: Annotated[str, Field(max_length=64)] | None = None
 
 
+class Drill(_Request):
+    """``b300ctl drill RUN``: pull a node out of the run's running attempt and measure."""
+
+    op: Literal["drill"]
+    run_id: Annotated[str, Field(max_length=64)]
+    node: str | None = None
+    method: Literal["down", "crash"] = "down"
+    timeout_s: Annotated[float | int, Field(ge=1, le=3600)] = 600
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_node_name(value):
+            raise ValueError(f"bad node name {value!r}")
+        return value
+
+
+class DrillStatus(_Request):
+    """A drill's record so far (read-only: anyone who may connect)."""
+
+    op: Literal["drill_status"]
+    drill: Annotated[int, Field(ge=1)]
+
+
 #: Every op and its model; ``mutating`` ops change the world and are admin-only.
 MODELS: dict[str, type[_Request]] = {
     "ping": Ping, "status": Status, "wake": Wake, "submit": Submit, "resubmit": Resubmit, "cancel": Cancel,
     "node_resume": NodeResume, "drift_scan": DriftScan, "checkpoints_prune": CheckpointsPrune,
+    "drill": Drill, "drill_status": DrillStatus,
 }
-READ_ONLY = frozenset({"ping", "status"})
+READ_ONLY = frozenset({"ping", "status", "drill_status"})
 
 
 def parse_request(raw: dict[str, Any]) -> _Request:

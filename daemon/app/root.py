@@ -22,6 +22,7 @@ from ..cycle.pipeline import PollCycle
 from ..cycle.track import AttemptTracker
 from ..cycle.view import ClusterObserver
 from ..drift.watch import DriftWatch, make_drift_watch
+from ..drill.watch import DrillWatch
 from ..errors import B300Error, SlurmError, StoreError
 from ..fence import Fence, FencedSlurm
 from ..health import CycleHealth
@@ -108,9 +109,12 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                             running=lambda: bool(scheduler.running) and not lifetime.stopping())
     upkeep = CheckpointUpkeep(store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
                               plugins=plugins, stopping=lifetime.stopping, fence=fence.check)
+    drills = DrillWatch(store, slurm, config=current.get, lock=lock, clock=clock, fence=fence.check,
+                        plugins=plugins, wake=wake)
     router = ControlRouter(config=current.get, store=store, slurm=slurm, actions=actions, drift=drift,
                            upkeep=upkeep, fence=fence, lock=lock, clock=clock, role=lifetime.role,
-                           ping=lifetime.ping, active_holder=lifetime.active_holder, wake=wake)
+                           ping=lifetime.ping, active_holder=lifetime.active_holder, wake=wake,
+                           drills=drills)
     server_group: list[Callable[[str], None]] = []
 
     def apply(old: Config, change: ConfigChange) -> None:
@@ -144,7 +148,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         checkpoint_upkeep=upkeep,
         drift=drift, operations=operations, router=router, node_loss=node_loss,
         reloader=ConfigReloader(config.path, current.get, apply, store, clock),
-        on_start=on_start)
+        on_start=on_start, drills=drills)
     daemon = Daemon(parts)
     server_group.append(daemon.set_admin_group)
     return daemon

@@ -25,6 +25,7 @@ from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
 from ..control import Peer, is_admin
 from ..drift.watch import DriftWatch
+from ..drill.watch import DrillWatch
 from ..errors import B300Error, NotFoundError, UsageError
 from ..events import Kind
 from ..fence import Fence
@@ -59,6 +60,7 @@ class ControlRouter:
         ping: Callable[[], dict[str, Any]],
         active_holder: Callable[[], str],
         wake: Callable[[], None],
+        drills: DrillWatch | None = None,
     ) -> None:
         self._config = config
         self._store = store
@@ -73,6 +75,7 @@ class ControlRouter:
         self._ping = ping
         self._active_holder = active_holder
         self._wake = wake
+        self._drill_watch = drills
 
     def handle(self, raw: dict[str, Any], peer: Peer,
                client_alive: Callable[[], bool] | None = None) -> dict[str, Any]:
@@ -84,6 +87,8 @@ class ControlRouter:
                 return {"ok": True, "result": self._ping()}
             if isinstance(request, rq.Status):
                 return {"ok": True, "result": self._status(request)}
+            if isinstance(request, rq.DrillStatus):
+                return {"ok": True, "result": self._drills().status(request.drill)}
             actor = peer.user
             with structlog.contextvars.bound_contextvars(op=op, user=actor):
                 return self._change(request, peer, actor, client_alive)
@@ -115,6 +120,12 @@ class ControlRouter:
             return {"ok": True, "result": self._upkeep.prune_request(
                 request.run_id, actor=actor, keep_last=request.keep_last,
                 keep_hourly_for=request.keep_hourly_for, keep_daily_for=request.keep_daily_for)}
+        if isinstance(request, rq.Drill):
+            # Takes the lock for its checks and record only: the failure is injected outside it.
+            return {"ok": True, "result": self._drills().start(
+                request.run_id, node=request.node, method=request.method,
+                timeout_s=float(request.timeout_s), actor=actor,
+                dropped=lambda: _expired(request, client_alive))}
         if isinstance(request, rq.Wake):
             log.info("control.wake", by=actor, why=request.why[:200])
             self._wake()
@@ -136,6 +147,11 @@ class ControlRouter:
             result = self._act(request, actor)
         self._wake()
         return {"ok": True, "result": result}
+
+    def _drills(self) -> DrillWatch:
+        if self._drill_watch is None:
+            raise UsageError("this b300d runs no failure drills")
+        return self._drill_watch
 
     def _refuse_unless_active(self, op: str) -> None:
         role = self._role()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..errors import B300Error, one_line
-from . import checkpoints, completion, drift, events, nodes, report, runs, status
+from . import checkpoints, completion, drift, drill, events, nodes, report, runs, status
 from .command import Arg, Command, Context, arg, walk
 
 __all__ = ["COMMANDS", "COMMON", "build_parser", "main"]
@@ -31,7 +31,7 @@ __all__ = ["COMMANDS", "COMMON", "build_parser", "main"]
 #: Every command, in the order ``b300ctl --help`` lists them.
 COMMANDS: tuple[Command, ...] = (
     *status.COMMANDS, *runs.COMMANDS, *nodes.COMMANDS, *events.COMMANDS, *checkpoints.COMMANDS,
-    *drift.COMMANDS, *report.COMMANDS, *completion.COMMANDS,
+    *drift.COMMANDS, *drill.COMMANDS, *report.COMMANDS, *completion.COMMANDS,
 )
 #: Options every command takes, before or after its name. SUPPRESS keeps a later
 #: (sub-command) default from overwriting a value given earlier.

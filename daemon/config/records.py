@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..checkpoints.config import CheckpointsConfig
 from ..drift.records import DriftConfig
+from ..drill.config import DrillConfig
 from .ops import AlertsConfig, MetricsConfig, ReportConfig
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class Config:
     report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.config.ops
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    drill: DrillConfig = field(default_factory=DrillConfig)  # [drill]: b300ctl drill
 
 
 def trigger_program(cfg: Config) -> str:

@@ -132,6 +132,47 @@ class RunInput:
 
 
 @dataclass(frozen=True, slots=True)
+class DrillRow:
+    """One failure drill of the window (``b300ctl drill``): its ``drill.finished`` figures."""
+
+    ts: datetime
+    run_id: str
+    node: str
+    method: str
+    outcome: str
+    detect_s: float | None
+    excluded_s: float | None
+    resubmit_s: float | None
+    allocation_s: float | None
+    training_s: float | None
+    resume_step: int | None
+    steps_lost: int | None
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _step(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def drill_rows(events: Sequence[Event], window: Window) -> tuple[DrillRow, ...]:
+    """The drills that finished in ``window``, oldest first."""
+    rows = []
+    for e in events:
+        if e.kind != Kind.DRILL_FINISHED or not window.contains(e.ts):
+            continue
+        d = e.data
+        rows.append(DrillRow(e.ts, e.run_id or "?", str(d.get("node") or e.node or "?"),
+                             str(d.get("method", "")), str(d.get("outcome", "")),
+                             _num(d.get("detect_s")), _num(d.get("excluded_s")),
+                             _num(d.get("resubmit_s")), _num(d.get("allocation_s")), _num(d.get("training_s")),
+                             _step(d.get("resume_step")), _step(d.get("steps_lost"))))
+    return tuple(sorted(rows, key=lambda r: r.ts))
+
+
+@dataclass(frozen=True, slots=True)
 class WeeklyReport:
     window: Window
     generated_at: datetime
@@ -146,6 +187,7 @@ class WeeklyReport:
     jobs: int
     gpu_hours: float
     notes: tuple[str, ...] = field(default=())
+    drills: tuple[DrillRow, ...] = field(default=())
 
     @property
     def ettr(self) -> float | None:
@@ -305,7 +347,7 @@ def weekly_report(
         interruptions=tuple(sorted(interruptions, key=lambda i: i.ended)), by_cause=by_cause,
         drained=changes(DRAINS), returned=changes(RETURNS), drift_findings=drift,
         drift_open=drift_open, checkpoints=tuple(ckpt) if checkpoints_available else None,
-        jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes))
+        jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes), drills=drill_rows(events, window))
 
 
 def week_key(window: Window) -> str:

@@ -72,6 +72,20 @@ def checkpoint_rows(report: WeeklyReport) -> list[list[str]]:
     return rows
 
 
+def drill_rows(report: WeeklyReport) -> list[list[str]]:
+    rows = [["time", "run", "node", "method", "detected s", "excluded s", "resubmitted s", "allocated s",
+             "training again s", "resumed at step", "steps lost", "outcome"]]
+
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    for d in report.drills:
+        rows.append([_day(d.ts), d.run_id, d.node, d.method, s(d.detect_s), s(d.excluded_s), s(d.resubmit_s),
+                     s(d.allocation_s), s(d.training_s), "-" if d.resume_step is None else str(d.resume_step),
+                     "-" if d.steps_lost is None else str(d.steps_lost), d.outcome])
+    return rows
+
+
 def title(report: WeeklyReport) -> str:
     w = report.window
     return f"b300 weekly report {w.since:%Y-%m-%d} to {w.until:%Y-%m-%d}"
@@ -86,6 +100,7 @@ def summary_lines(report: WeeklyReport) -> list[str]:
         f"Nodes drained: {len(report.drained)}, returned: {len(report.returned)}",
         f"Drift findings opened: {sum(report.drift_findings.values())}"
         + ("" if report.drift_open is None else f", open now: {report.drift_open}"),
+        f"Failure drills: {len(report.drills)}",
     ]
 
 
@@ -109,6 +124,8 @@ def render_text(report: WeeklyReport) -> str:
     out += [_table(node_rows(report)) if report.drained or report.returned else "  none", ""]
     out += ["Drift findings opened (by probe)"]
     out += [f"  {p}: {n}" for p, n in sorted(report.drift_findings.items())] or ["  none"]
+    out += ["", "Failure drills (b300ctl drill; seconds from the node pulled)"]
+    out += [_table(drill_rows(report)) if report.drills else "  none"]
     out += ["", "Checkpoints (running runs)"]
     if report.checkpoints is None:
         out.append("  not available")
@@ -192,6 +209,8 @@ def render_html(report: WeeklyReport, pngs: dict[str, bytes], image_src: ImageSr
     parts.append(_html_table([["probe", "findings"]] + [[p, str(n)] for p, n in
                                                          sorted(report.drift_findings.items())])
                  if report.drift_findings else "<p>none</p>")
+    parts.append("<h2 style=\"font-size:16px\">Failure drills</h2>")
+    parts.append(_html_table(drill_rows(report)) if report.drills else "<p>none</p>")
     parts.append("<h2 style=\"font-size:16px\">Checkpoints (running runs)</h2>")
     if report.checkpoints is None:
         parts.append("<p>not available</p>")

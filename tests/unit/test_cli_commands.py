@@ -76,7 +76,8 @@ def test_status_does_not_pay_for_logging(cfg: Path) -> None:
 
 @pytest.mark.parametrize("argv", [["submit", "SPEC"], ["resubmit", "q-1"], ["cancel", "q-1"],
                                   ["nodes", "resume", "gpu01"], ["notify", "node-down", "gpu01"],
-                                  ["drift", "scan"], ["checkpoints", "q-1", "--prune", "--yes"]])
+                                  ["drift", "scan"], ["checkpoints", "q-1", "--prune", "--yes"],
+                                  ["drill", "q-1"]])
 def test_every_change_is_a_request_to_the_daemon(tmp_path: Path, argv: list[str]) -> None:
     """No daemon and no store at all: each change fails on the socket (5), not the store (4)."""
     spec = tmp_path / "s.toml"
@@ -93,7 +94,7 @@ def test_every_change_is_a_request_to_the_daemon(tmp_path: Path, argv: list[str]
 
 def test_the_mutating_flag_names_exactly_the_requests() -> None:
     assert {p for p, c in walk(COMMANDS) if c.mutating} == {"submit", "resubmit", "cancel", "notify",
-                                                              "drift scan"}
+                                                              "drift scan", "drill"}
 
 
 def test_every_command_is_parsed_into_its_record() -> None:

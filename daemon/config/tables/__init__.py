@@ -19,6 +19,7 @@ from ..types import Table, problem, validate
 from .checkpoints import CheckpointsTable, checkpoints_config
 from .daemon import DaemonTable, RecoveryTable, SlurmTable
 from .drift import DriftTable, drift_config
+from .drill import DrillTable, drill_config
 from .ops import AlertsTable, MetricsTable, ReportTable, alerts_config, metrics_config, report_config
 
 
@@ -32,6 +33,7 @@ class ConfigFile(Table):
     report: ReportTable = Field(default_factory=ReportTable)
     metrics: MetricsTable = Field(default_factory=MetricsTable)
     alerts: AlertsTable = Field(default_factory=AlertsTable)
+    drill: DrillTable = Field(default_factory=DrillTable)  # b300ctl drill
 
     @model_validator(mode="after")
     def _alert_mail_has_smtp(self) -> ConfigFile:
@@ -71,4 +73,5 @@ def config_from_toml(doc: dict[str, Any], path: str) -> Config:
         report=report_config(f.report),
         metrics=metrics_config(f.metrics),
         alerts=alerts_config(f.alerts),
+        drill=drill_config(f.drill),
     )
