@@ -102,10 +102,10 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     # or not recovery is on (a finding is an event, a metric and an alert; no action).
     training = TrainingWatch(store, clock, lambda: current.get().training, state_dir=config.state_dir,
                              output_path=lambda a, s: job_log_path(a, s, current.get().job_log_dir))
+    hangs = HangWatch(store, slurm, clock, progress=training.progress_step) if recovery_on else None
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
-                      recoverer=recoverer, hangs=HangWatch(store, slurm, clock) if recovery_on else None,
-                      training=training)
+                      recoverer=recoverer, hangs=hangs, training=training)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)

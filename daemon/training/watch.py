@@ -178,6 +178,15 @@ class TrainingWatch:
                 log.exception("training.finish_failed")
         self._forget(attempt.id)
 
+    def progress_step(self, attempt: Attempt) -> str | None:
+        """The newest step read of ``attempt`` as text ('' before its first), for hang
+        detection; None when this watch does not read it (training health off, no files)."""
+        w = self._watched.get(attempt.id)
+        if w is None or not self._config().enabled:
+            return None
+        snap = w.monitor.snapshot(self._clock())
+        return "" if snap.step is None else str(snap.step)
+
     def figures(self) -> dict[str, RunFigures]:
         """The running attempts' figures as of the last cycle, by run (for ``/metrics``)."""
         return dict(self._figures)
