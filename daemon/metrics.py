@@ -147,6 +147,10 @@ def metric_families(m: MetricsSnapshot) -> list[Metric]:
     return out
 
 
+#: The ``kind`` label values of ``b300_training_findings_total``.
+FINDING_COUNTER_KINDS = tuple(k.value.removeprefix("training.")
+                              for k in (*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM))
+
 #: The per-run training gauges: (metric name, HELP, figure of a RunFigures or None).
 _TRAINING_GAUGES: tuple[tuple[str, str, Callable[[RunFigures], float | None]], ...] = (
     ("b300_training_step", "newest training step the running attempt reported",
@@ -187,7 +191,13 @@ def _training_families(m: MetricsSnapshot) -> list[Metric]:
                                    "training-health findings recorded (loss spikes, NaN, throughput drops, "
                                    "stragglers, stalled checkpoint writes, progress file problems)",
                                    labels=["run", "kind"])
-    for (run, kind), count in sorted(m.training_findings.items()):
+    counts = dict(m.training_findings)
+    # Every kind of a watched run from 0, so that the first finding is an increase (a series
+    # that appears at 1 is no increase to Prometheus' increase()/rate()).
+    for run in m.training:
+        for kind in FINDING_COUNTER_KINDS:
+            counts.setdefault((run, kind), 0)
+    for (run, kind), count in sorted(counts.items()):
         findings.add_metric([run, kind], count)
     return [*out, host_time, straggler, findings]
 

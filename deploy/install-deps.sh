@@ -18,6 +18,10 @@ PKGS=(
   python3-venv   # deploy/install.sh: a venv of the system python (tests/install)
   systemd    # systemd-analyze verify for deploy/b300d.service (not run as PID 1 here)
   chromium   # renders the weekly report's HTML to a PNG in the tests
+  # promtool for `promtool check rules deploy/prometheus/b300-rules.yml` (tests/ops/test_dashboards.py):
+  # verified in bookworm's prometheus 2.42.0+ds-5+deb12u1 (`dpkg -c`: ./usr/bin/promtool).
+  # The package also installs a prometheus.service; only promtool is used here.
+  prometheus
 )
 
 # The MariaDB client CLI: keep whatever provides it, otherwise install mariadb-client.

@@ -324,7 +324,7 @@ class TrainingWatch:
         data = f.event_data()
         for key in ("value", "threshold"):
             if isinstance(data.get(key), float):
-                data[key] = round(data[key], 6) if data[key] == data[key] else None
+                data[key] = _sig(data[key]) if data[key] == data[key] else None
         data = {k: v for k, v in data.items() if v is not None}
         return NewEvent(kind, run_id=w.run_id, attempt_id=w.attempt_id, node=f.host, data=data)
 
@@ -416,7 +416,12 @@ def _figures_data(fig: RunFigures) -> dict[str, Any]:
     for key, value in (("loss", s.loss), ("tokens_per_s", s.tokens_per_s), ("samples_per_s", s.samples_per_s),
                        ("mfu", s.mfu), ("seconds_per_step", fig.seconds_per_step)):
         if value is not None and value == value and abs(value) != float("inf"):
-            data[key] = round(value, 6)
+            data[key] = _sig(value)
     if s.stragglers:
         data["stragglers"] = sorted(s.stragglers)
     return data
+
+
+def _sig(value: float) -> float:
+    """Six significant digits (an MFU of 1e-10 stays 1e-10, not 0.0)."""
+    return float(f"{value:.6g}")

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import DaemonHandle, make_daemon, wait_for
 
@@ -62,9 +65,26 @@ def hook() -> Iterator[tuple[list[dict[str, Any]], int]]:
         server.server_close()
 
 
-def _daemon(tmp_path: Path, slurm_conf: str, hook_port: int) -> DaemonHandle:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _daemon(tmp_path: Path, slurm_conf: str, hook_port: int, metrics_port: int = 0) -> DaemonHandle:
     d = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
-    d.config.write_text(d.config.read_text() + (
+    metrics = f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n' if metrics_port else ""
+    d.config.write_text(d.config.read_text() + metrics + (
         f'[alerts]\nwebhook_url = "http://127.0.0.1:{hook_port}/hook"\nscan_interval = "1s"\n'
         # Thresholds for a job of a minute (the defaults are for days-long runs).
         "[training.loss]\nwindow = 20\nmin_points = 10\n"
@@ -118,7 +138,8 @@ def test_injected_faults_are_found_and_alerted_a_clean_run_is_not(
     tmp_path: Path, slurm_conf: str, hook: tuple[list[dict[str, Any]], int]
 ) -> None:
     posts, port = hook
-    d = _daemon(tmp_path, slurm_conf, port)
+    metrics_port = _free_port()
+    d = _daemon(tmp_path, slurm_conf, port, metrics_port)
     try:
         clean = d.submit(_spec(tmp_path, "clean", steps=150))
         faulty = d.submit(_spec(tmp_path, "faulty", "--slow-rank", "1", "--slow-s", "0.3",
@@ -136,19 +157,26 @@ def test_injected_faults_are_found_and_alerted_a_clean_run_is_not(
             at = _injected(tmp_path, "faulty")[what]
             print(f"{kind}: event {event['ts'] - at:.1f} s, alert {alert['received'] - at:.1f} s after "
                   f"the injection; {event['data']['evidence']}")
+            nodes = d.run(faulty)["attempts"][-1]["nodes"]
             if kind == "training.straggler":  # rank 1 runs on the allocation's second node
-                nodes = d.run(faulty)["attempts"][-1]["nodes"]
                 assert event["node"] == nodes[1] and alert["node"] == nodes[1]
-        # The metrics' source: the figures of the running attempts are recorded for the report.
+        # The figures of the running attempts: recorded for the report, and in /metrics.
         figures = _events(d, faulty, "training.figures")
         assert figures and figures[0]["data"]["step"] >= 1
+        m = _scrape(metrics_port)
+        run = (("run", faulty),)
+        assert m["b300_training_step"][run] >= 75 and m["b300_training_checkpoint_saves_open"][run] == 1
+        assert m["b300_training_mfu"][run] > 0 and m["b300_training_tokens_per_second"][run] > 0
+        assert m["b300_training_straggler"][(("host", nodes[1]), *run)] == 1
+        assert m["b300_training_host_step_time_seconds"][(("host", nodes[1]), *run)] >= 0.3
+        for kind in ("loss_spike", "loss_nan", "straggler", "checkpoint_stalled"):
+            assert m["b300_training_findings_total"][(("kind", kind), *run)] == 1
+        print("metrics:", {k: v[run] for k, v in m.items() if k.startswith("b300_training_") and run in v})
 
         d.wait_run(clean, {"COMPLETED"}, timeout=300)
         found = [e for k in TRAINING_KINDS for e in _events(d, clean, k)]
         assert found == [], found
         assert [p for p in posts if p["run_id"] == clean] == []
-        fig = _events(d, clean, "training.figures")[0]["data"]
-        assert fig["mfu"] > 0 and fig["tokens_per_s"] > 0
         d.ctl("cancel", faulty)
     finally:
         d.cleanup()

@@ -128,8 +128,11 @@ def test_values_and_labels_of_a_full_snapshot() -> None:
     assert m["b300_training_mfu"] == {(("run", "r1"),): 0.41}
     assert m["b300_training_straggler"] == {(("host", "gpu02"), ("run", "r1")): 1}
     assert m["b300_training_host_step_time_seconds"][(("host", "gpu02"), ("run", "r1"))] == 1.4
-    assert m["b300_training_findings_total"] == {(("kind", "loss_spike"), ("run", "r1")): 2,
-                                                 (("kind", "straggler"), ("run", "r1")): 1}
+    findings = m["b300_training_findings_total"]
+    assert findings[(("kind", "loss_spike"), ("run", "r1"))] == 2
+    assert findings[(("kind", "straggler"), ("run", "r1"))] == 1
+    # Every other kind of a watched run from 0 (so that Prometheus sees the first one increase).
+    assert findings[(("kind", "checkpoint_stalled"), ("run", "r1"))] == 0 and len(findings) == 6
 
 
 def test_families_without_a_value_yet() -> None:
