@@ -18,6 +18,7 @@ resubmission (``recovery.no_restart``).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import socket
 import sys
@@ -95,11 +96,11 @@ def _daemon(tmp_path: Path, slurm_conf: str, hook_port: int, metrics_port: int =
 
 
 def _spec(tmp_path: Path, name: str, *train_args: str, nodes: int = 2, steps: int = 120,
-          health: tuple[str, ...] = (), retries: tuple[str, ...] = ()) -> Path:
+          health: tuple[str, ...] = (), retries: tuple[str, ...] = (), ckpt_every: int = 1000) -> Path:
     run_dir = tmp_path / name
     (run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
     progress = str(run_dir / "progress.{host}.jsonl")
-    command = (f"srun {sys.executable} {TRAIN} --steps {steps} --ckpt-every 1000 --step-time 0.2 "
+    command = (f"srun {sys.executable} {TRAIN} --steps {steps} --ckpt-every {ckpt_every} --step-time 0.2 "
                f"--progress-file {shlex.quote(progress)} {' '.join(train_args)}")
     spec = tmp_path / f"{name}.toml"
     spec.write_text("\n".join([
@@ -178,6 +179,37 @@ def test_injected_faults_are_found_and_alerted_a_clean_run_is_not(
         assert found == [], found
         assert [p for p in posts if p["run_id"] == clean] == []
         d.ctl("cancel", faulty)
+    finally:
+        d.cleanup()
+
+
+@pytest.mark.skipif(not os.environ.get("B300_LONG_TESTS"), reason="10 minutes: set B300_LONG_TESTS=1")
+def test_a_ten_minute_clean_run_raises_nothing(
+    tmp_path: Path, slurm_conf: str, hook: tuple[list[dict[str, Any]], int]
+) -> None:
+    """No false alarm over 10 minutes of a healthy 2-node job that checkpoints every 100
+    steps, under this test's sensitive thresholds, with the throughput detector judging
+    too (its windows shortened to minutes)."""
+    posts, port = hook
+    d = _daemon(tmp_path, slurm_conf, port)
+    d.kill(15)
+    d.proc = None
+    d.config.write_text(d.config.read_text() + (
+        '[training.throughput]\nsustain = "1m"\nbaseline = "4m"\nmin_baseline = "2m"\n'))
+    d.start()
+    seconds = float(os.environ.get("B300_CLEAN_RUN_S", "600"))
+    try:
+        run_id = d.submit(_spec(tmp_path, "clean10", steps=int(seconds / 0.2), ckpt_every=100))
+        d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=seconds * 3 + 300)
+        assert d.run(run_id)["run"]["state"] == "COMPLETED"
+        found = [e for k in TRAINING_KINDS for e in _events(d, run_id, k)]
+        assert found == [], found
+        assert [p for p in posts if p["run_id"] == run_id] == []
+        figures = _events(d, run_id, "training.figures")
+        ended = [line for f in (tmp_path / "clean10").glob("progress.*.jsonl")
+                 for line in f.read_text().splitlines() if '"ckpt_end"' in line]
+        print(f"clean run: {len(figures)} figures records, {len(ended)} checkpoint saves, no finding")
+        assert len(ended) >= 5
     finally:
         d.cleanup()
 

@@ -185,8 +185,12 @@ def main() -> int:
         if step % args.ckpt_every == 0:
             stall = first and rank == 1 and step == args.torn_at
             path = ckpt_root / f"step_{step:06d}"
+            if writer is not None:
+                writer.checkpoint_begin(step, path)
             dcp.save({"model": model.state_dict(), "step": torch.tensor(step)},
                      storage_writer=_StallingWriter(str(path), stall))
+            if writer is not None:
+                writer.checkpoint_end(step, path)
         if first and step == args.pause_at:
             gate, waited = Path(args.gate), 0.0
             while not gate.exists() and waited < 600:
