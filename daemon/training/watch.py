@@ -128,6 +128,8 @@ class TrainingWatch:
         self._output_path = output_path
         self._gpus_default = gpus_per_node_default
         self._watched: dict[int, _Watched] = {}
+        # Running attempts whose spec asks for no progress reading (not parsed every cycle).
+        self._unwatched: set[int] = set()
         self._figures: dict[str, RunFigures] = {}
         self._swept = False
 
@@ -144,6 +146,7 @@ class TrainingWatch:
         running = {a.id: a for a in active if a.state is AttemptState.RUNNING and a.slurm_job_id}
         for gone in set(self._watched) - set(running):
             self._forget(gone)
+        self._unwatched &= set(running)
         figures: dict[str, RunFigures] = {}
         for attempt in running.values():
             with structlog.contextvars.bound_contextvars(run=attempt.run_id, attempt=attempt.number,
@@ -195,9 +198,11 @@ class TrainingWatch:
 
     def _watch(self, attempt: Attempt, cfg: TrainingConfig) -> _Watched | None:
         w = self._watched.get(attempt.id)
-        if w is None:
+        if w is None and attempt.id not in self._unwatched:
             w = self._restore(attempt, cfg)
             if w is None:
+                if attempt.nodes:  # without its nodes yet, {host} has nothing to expand to
+                    self._unwatched.add(attempt.id)
                 return None
             self._watched[attempt.id] = w
         return w
