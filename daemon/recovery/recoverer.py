@@ -223,7 +223,7 @@ class Recoverer:
         return self._store.update_attempt(
             last.id, now, outcome=verdict.outcome.value, evidence=evidence,
             events=[NewEvent(Kind.ATTEMPT_CLASSIFIED, run_id=run.id, attempt_id=last.id,
-                             data=verdict.evidence()), *strikes])
+                             data=evidence), *strikes])
 
     def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
                nodes_now: Mapping[str, NodeRecord], now: datetime) -> set[str]:
