@@ -96,19 +96,22 @@ def _daemon(tmp_path: Path, slurm_conf: str, hook_port: int, metrics_port: int =
 
 
 def _spec(tmp_path: Path, name: str, *train_args: str, nodes: int = 2, steps: int = 120,
-          health: tuple[str, ...] = (), retries: tuple[str, ...] = (), ckpt_every: int = 1000) -> Path:
+          health: tuple[str, ...] = (), retries: tuple[str, ...] = (), ckpt_every: int = 1000,
+          progress_file: bool = True) -> Path:
     run_dir = tmp_path / name
     (run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
     progress = str(run_dir / "progress.{host}.jsonl")
+    writes = f"--progress-file {shlex.quote(progress)} " if progress_file else ""
     command = (f"srun {sys.executable} {TRAIN} --steps {steps} --ckpt-every {ckpt_every} --step-time 0.2 "
-               f"--progress-file {shlex.quote(progress)} {' '.join(train_args)}")
+               f"{writes}{' '.join(train_args)}")
     spec = tmp_path / f"{name}.toml"
     spec.write_text("\n".join([
         f'name = "{name}"', "[job]", f"command = {json.dumps(command)}", f"nodes = {nodes}",
         "ntasks_per_node = 1", "gpus_per_node = 8", 'time_limit = "00:15:00"',
         "[checkpoint]", f'dir = "{run_dir / "ckpt"}"', 'layout = "dcp"',
         "[retries]", *retries,
-        "[health]", f"progress_file = {json.dumps(progress)}", "model_params = 1000000", *health,
+        "[health]", *([f"progress_file = {json.dumps(progress)}"] if progress_file else []),
+        "model_params = 1000000", *health,
     ]) + "\n")
     return spec
 
@@ -210,6 +213,31 @@ def test_a_ten_minute_clean_run_raises_nothing(
                  for line in f.read_text().splitlines() if '"ckpt_end"' in line]
         print(f"clean run: {len(figures)} figures records, {len(ended)} checkpoint saves, no finding")
         assert len(ended) >= 5
+    finally:
+        d.cleanup()
+
+
+def test_megatron_lines_in_the_job_output_are_read(
+    tmp_path: Path, slurm_conf: str, hook: tuple[list[dict[str, Any]], int]
+) -> None:
+    """No progress file: ``megatron_log = true`` reads Megatron-LM's iteration lines from the
+    job's output (written by the workload as Megatron formats them); a loss spike and a
+    NaN iteration are found and alerted from them."""
+    posts, port = hook
+    d = _daemon(tmp_path, slurm_conf, port)
+    try:
+        spec = _spec(tmp_path, "megatron", "--megatron-log", "--loss-spike-at", "30", "--nan-at", "45",
+                     steps=80, health=("megatron_log = true", "tokens_per_sample = 16"), progress_file=False)
+        run_id = d.submit(spec)
+        for what, kind in (("loss spike", "training.loss_spike"), ("nan", "training.loss_nan")):
+            wait_for(lambda w=what: w in _injected(tmp_path, "megatron"), 240, f"the workload to inject {what}")
+            event = wait_for(lambda k=kind: _events(d, run_id, k), ALERT_BOUND_S, f"the {kind} event",
+                             every=1.0)[0]
+            wait_for(lambda k=kind: [p for p in posts if p["kind"] == k and p["run_id"] == run_id],
+                     ALERT_BOUND_S, f"the {kind} alert", every=0.5)
+            print(f"megatron {kind}: {event['data']['evidence']}")
+        d.wait_run(run_id, {"COMPLETED"}, timeout=300)
+        assert not list((tmp_path / "megatron").glob("progress.*.jsonl"))
     finally:
         d.cleanup()
 

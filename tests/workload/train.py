@@ -28,7 +28,11 @@ of ``--fail-at`` is exit code C instead of an exception; ``--fail-every-attempt`
 fails every attempt, not only the first; ``--no-restart-intent WHY`` writes
 ``exit_intent`` ``restart: false`` before that failure. Each injection appends
 ``{"what", "step", "time"}`` to ``injected.jsonl`` beside the checkpoint folder when
-it happens (the tests wait for the signal from then on).
+it happens (the tests wait for the signal from then on). ``--megatron-log``: rank 0
+prints Megatron-LM's iteration line every step, as ``training_log`` in
+``megatron/training/training.py`` formats it (NVIDIA/Megatron-LM commit
+001b00c2734d8f0fad096fe48a382fedf755d321): a NaN step prints no ``lm loss`` and
+counts in ``number of nan iterations``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,26 @@ def _atomic_json(path: Path, data: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def _megatron_line(step: int, steps: int, world: int, elapsed_ms: float, loss: float) -> None:
+    """One iteration line as Megatron-LM's ``training_log`` prints it (see the module doc)."""
+    import datetime as _dt
+    import math
+
+    nan = not math.isfinite(loss)
+    line = f" [{_dt.datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+    line += f" iteration {step:8d}/{steps:8d} |"
+    line += f" consumed samples: {step * 8 * world:12d} |"
+    line += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+    line += f" learning rate: {0.01:.6E} |"
+    line += f" global batch size: {8 * world:5d} |"
+    if not nan:
+        line += " {}: {:.6E} |".format("lm loss", loss)
+    line += f" loss scale: {1.0:.1f} |"
+    line += f" number of skipped iterations: {int(nan):3d} |"
+    line += f" number of nan iterations: {int(nan):3d} |"
+    print(line, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
@@ -90,6 +114,7 @@ def main() -> int:
     ap.add_argument("--fail-code", type=int, default=0)
     ap.add_argument("--fail-every-attempt", action="store_true")
     ap.add_argument("--no-restart-intent", default="")
+    ap.add_argument("--megatron-log", action="store_true")
     args = ap.parse_args()
 
     rank = int(os.environ["SLURM_PROCID"])
@@ -172,6 +197,10 @@ def main() -> int:
                 writer.step(step, loss=float(loss), tokens=step * 8 * 16, step_time_s=own)
             else:
                 writer.step(step, step_time_s=own)
+            if skip:
+                injected("loss spike" if step == args.loss_spike_at else "nan", step)
+        if args.megatron_log and rank == 0:
+            _megatron_line(step, args.steps, world, (time.perf_counter() - t0) * 1000, float(loss))
             if skip:
                 injected("loss spike" if step == args.loss_spike_at else "nan", step)
         if first and rank == 0 and step == args.ckpt_stall_at and writer is not None:
