@@ -186,6 +186,36 @@ def test_injected_faults_are_found_and_alerted_a_clean_run_is_not(
         d.cleanup()
 
 
+def test_a_restarted_daemon_does_not_alert_again(
+    tmp_path: Path, slurm_conf: str, hook: tuple[list[dict[str, Any]], int]
+) -> None:
+    """b300d killed (SIGKILL) after a loss spike was alerted, restarted while the job goes
+    on; its first start after that drops its state file too (as a failover to the other
+    host would): the spike is recorded and alerted once, and a second spike after the
+    restarts is found."""
+    posts, port = hook
+    d = _daemon(tmp_path, slurm_conf, port)
+    try:
+        run_id = d.submit(_spec(tmp_path, "restart", "--loss-spike-at", "30", "--nan-at", "250",
+                                steps=300))
+        wait_for(lambda: [p for p in posts if p["kind"] == "training.loss_spike"], 240, "the spike alert")
+        d.kill()
+        d.proc = None
+        d.start()
+        d.kill()
+        d.proc = None
+        for state in (d.state_dir / "training").glob("attempt-*.json"):
+            state.unlink()
+        d.start()
+        wait_for(lambda: [p for p in posts if p["kind"] == "training.loss_nan"], 240, "the NaN alert")
+        d.wait_run(run_id, {"COMPLETED"}, timeout=300)
+        assert len(_events(d, run_id, "training.loss_spike")) == 1
+        assert len([p for p in posts if p["kind"] == "training.loss_spike"]) == 1
+        assert len(_events(d, run_id, "training.loss_nan")) == 1
+    finally:
+        d.cleanup()
+
+
 @pytest.mark.skipif(not os.environ.get("B300_LONG_TESTS"), reason="10 minutes: set B300_LONG_TESTS=1")
 def test_a_ten_minute_clean_run_raises_nothing(
     tmp_path: Path, slurm_conf: str, hook: tuple[list[dict[str, Any]], int]
