@@ -1,8 +1,12 @@
 """Alerts: an event that needs a person, mailed and/or POSTed to a webhook within a minute.
 
 Alerting events: ``recovery.budget_spent`` (a run gave up), ``checkpoint.overdue``,
-and a burst of drains (``[alerts] drained_burst`` nodes drained within 10 minutes;
-one alert when the burst reaches the threshold). :func:`alerts_for` is pure.
+the training-health findings (``training.loss_spike``, ``training.loss_nan``,
+``training.throughput_drop``, ``training.straggler``, ``training.checkpoint_stalled``),
+a run stopped by the restart-loop breaker or a "do not restart" exit
+(``recovery.restart_loop``, ``recovery.no_restart``), and a burst of drains
+(``[alerts] drained_burst`` nodes drained within 10 minutes; one alert when the burst
+reaches the threshold). :func:`alerts_for` is pure.
 
 A scheduled job scans the events after a cursor. The cursor survives restarts as
 events: ``alert.sent`` (one per delivered alert, with the event id) and
@@ -25,7 +29,7 @@ import structlog
 
 from .config.ops import AlertsConfig, SmtpConfig
 from .errors import B300Error
-from .events import ALERT_MARKS, DRAINS, Kind
+from .events import ALERT_MARKS, DRAINS, TRAINING_FINDINGS, TRAINING_STOPS, Kind
 from .interfaces import NewEvent, Store
 from .model import Event
 from .report.mail import alert_message, send_mail
@@ -64,6 +68,13 @@ def alerts_for(new: Sequence[Event], recent_drains: Sequence[Event], drained_bur
         elif e.kind == Kind.CHECKPOINT_OVERDUE:
             alerts.append(Alert(e.id, e.kind, e.ts, str(e.data.get("message") or
                                                         f"run {e.run_id}: checkpoint overdue")[:300],
+                                run_id=e.run_id))
+        elif e.kind in TRAINING_FINDINGS:
+            where = f" on {e.node}" if e.node else ""
+            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id}{where}: "
+                                f"{e.data.get('evidence', e.kind)}"[:300], run_id=e.run_id, node=e.node))
+        elif e.kind in TRAINING_STOPS:
+            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id} stopped: {e.data.get('why', '')}"[:300],
                                 run_id=e.run_id))
         elif e.kind in DRAINS:
             burst = [d for d in drains if d.id <= e.id and d.ts >= e.ts - BURST_WINDOW]

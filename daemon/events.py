@@ -45,6 +45,17 @@ class Kind(enum.StrEnum):
     RECOVERY_RESUBMIT = "recovery.resubmit"
     RECOVERY_STOPPED = "recovery.stopped"
     RECOVERY_BUDGET_SPENT = "recovery.budget_spent"
+    RECOVERY_RESTART_LOOP = "recovery.restart_loop"
+    RECOVERY_NO_RESTART = "recovery.no_restart"
+    # training health (b300.training): what the job's own progress records show
+    TRAINING_LOSS_SPIKE = "training.loss_spike"
+    TRAINING_LOSS_NAN = "training.loss_nan"
+    TRAINING_THROUGHPUT_DROP = "training.throughput_drop"
+    TRAINING_STRAGGLER = "training.straggler"
+    TRAINING_CHECKPOINT_STALLED = "training.checkpoint_stalled"
+    TRAINING_PROGRESS_PROBLEM = "training.progress_problem"
+    TRAINING_EXIT_INTENT = "training.exit_intent"
+    TRAINING_FIGURES = "training.figures"
     # nodes
     NODE_STATE = "node.state"
     NODE_FAILED = "node.failed"
@@ -107,13 +118,14 @@ _SCHEDULE = frozenset({"job_id", "number", "message", "age_s", "interval_s", "ne
                        "alerted", "overdue_for_s"})
 _LEASE = frozenset({"lease", "epoch", "new", "new_host", "new_pid", "since", "old", "old_host",
                     "old_pid", "old_epoch", "old_renewed_at", "old_expired_at", "old_released"})
-_EVIDENCE = frozenset({"outcome", "resubmit", "suspects", "implicated", "reasons", "log"})
+_EVIDENCE = frozenset({"outcome", "resubmit", "suspects", "implicated", "reasons", "log", "newest_step"})
 _LIVENESS = frozenset({"evidence", "misses"})
 _DRILL = frozenset({"drill", "node", "method", "attempt", "job_id", "step_at_failure", "resume_step",
                     "node_state", "node_was_healthy", "timeout_s", "inject_s", "output", "outcome",
                     "error", "detect_s", "detected_by", "drain_s", "excluded_s", "resubmit_s",
                     "allocation_s", "training_s", "trained_step", "new_attempt", "steps_lost", "last_step",
                     "returned"})
+_TRAINING = frozenset({"evidence", "host", "value", "threshold", "step"})
 
 #: The payload keys each kind may carry.
 PAYLOAD: Mapping[Kind, frozenset[str]] = {
@@ -141,6 +153,17 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.RECOVERY_RESUBMIT: frozenset({"outcome", "resume_from", "suspects", "checkpoints_checked"}),
     Kind.RECOVERY_STOPPED: frozenset({"why"}),
     Kind.RECOVERY_BUDGET_SPENT: frozenset({"why"}),
+    Kind.RECOVERY_RESTART_LOOP: frozenset({"why", "attempts", "newest_step"}),
+    Kind.RECOVERY_NO_RESTART: frozenset({"why", "exit_code"}),
+    Kind.TRAINING_LOSS_SPIKE: _TRAINING,
+    Kind.TRAINING_LOSS_NAN: _TRAINING,
+    Kind.TRAINING_THROUGHPUT_DROP: _TRAINING,
+    Kind.TRAINING_STRAGGLER: _TRAINING,
+    Kind.TRAINING_CHECKPOINT_STALLED: _TRAINING,
+    Kind.TRAINING_PROGRESS_PROBLEM: frozenset({"path", "offset", "problem"}),
+    Kind.TRAINING_EXIT_INTENT: frozenset({"restart", "why", "step"}),
+    Kind.TRAINING_FIGURES: frozenset({"step", "loss", "tokens_per_s", "samples_per_s", "mfu",
+                                      "seconds_per_step", "stragglers"}),
     Kind.NODE_STATE: frozenset({"old_state", "old_reason", "state", "reason"}),
     Kind.NODE_FAILED: _STRIKE,
     Kind.NODE_SUSPECT: _STRIKE,
@@ -211,6 +234,11 @@ LIVENESS = (Kind.LIVENESS_SUSPECT, Kind.LIVENESS_CLEARED, Kind.LIVENESS_DEAD, Ki
 DRILLS = (Kind.DRILL_STARTED, Kind.DRILL_INJECTED, Kind.DRILL_FINISHED)
 #: The alert scanner's bookmarks.
 ALERT_MARKS = (Kind.ALERT_SENT, Kind.ALERTS_CURSOR)
+#: What the training-health detectors found in a running attempt (b300.training.watch).
+TRAINING_FINDINGS = (Kind.TRAINING_LOSS_SPIKE, Kind.TRAINING_LOSS_NAN, Kind.TRAINING_THROUGHPUT_DROP,
+                     Kind.TRAINING_STRAGGLER, Kind.TRAINING_CHECKPOINT_STALLED)
+#: A run that recovery stopped for a training-health reason (not a spent budget).
+TRAINING_STOPS = (Kind.RECOVERY_RESTART_LOOP, Kind.RECOVERY_NO_RESTART)
 #: The weekly report's delivery record.
 REPORT_DELIVERY = (Kind.REPORT_SENDING, Kind.REPORT_SENT, Kind.REPORT_FAILED)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from socketserver import BaseRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import structlog
@@ -35,12 +35,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .checkpoints.advice import RunSchedule, stored_run_schedule
 from .checkpoints.schedule import HISTORY, FailureIndex
 from .errors import B300Error
-from .events import Kind
+from .events import TRAINING_FINDINGS, Kind
 from .health import CycleSnapshot
 from .interfaces import Store
 from .model import Run, RunState
 from .report.compute import RunInput, checkpoint_figures
 from .spec import JobSpec, parse_spec
+
+if TYPE_CHECKING:
+    from .training.watch import RunFigures
 
 log = structlog.get_logger(__name__)
 PATH = "/metrics"
@@ -62,6 +65,10 @@ class MetricsSnapshot:
     accounting_failures_total: int = 0
     # Per run: interval, overdue (0/1), Young/Daly interval and its inputs (save time, MTBF).
     checkpoint_schedule: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Training health (b300.training.watch): the running attempts' figures, by run, and
+    # the findings recorded per (run, event kind).
+    training: dict[str, RunFigures] = field(default_factory=dict)
+    training_findings: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 #: The per-run schedule gauges: (key in ``checkpoint_schedule``, metric name, HELP).
@@ -125,6 +132,7 @@ def metric_families(m: MetricsSnapshot) -> list[Metric]:
         _counter("b300_accounting_failures_total", "poll cycles whose accounting query (sacct) failed",
                  m.accounting_failures_total),
     ]
+    out += _training_families(m)
     c = m.cycle
     out += [_counter("b300_cycles_total", "poll cycles run", c.cycles_total),
             _counter("b300_cycle_failures_total", "poll cycles that failed", c.failures_total),
@@ -137,6 +145,61 @@ def metric_families(m: MetricsSnapshot) -> list[Metric]:
         out.append(_gauge("b300_last_cycle_timestamp", "unix time the last poll cycle ended",
                           round(c.last_end_unix, 3)))
     return out
+
+
+#: The ``kind`` label values of ``b300_training_findings_total``.
+FINDING_COUNTER_KINDS = tuple(k.value.removeprefix("training.")
+                              for k in (*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM))
+
+#: The per-run training gauges: (metric name, HELP, figure of a RunFigures or None).
+_TRAINING_GAUGES: tuple[tuple[str, str, Callable[[RunFigures], float | None]], ...] = (
+    ("b300_training_step", "newest training step the running attempt reported",
+     lambda f: f.snapshot.step),
+    ("b300_training_loss", "newest training loss the running attempt reported", lambda f: f.snapshot.loss),
+    ("b300_training_tokens_per_second", "tokens trained per second over [training] rate_window",
+     lambda f: f.snapshot.tokens_per_s),
+    ("b300_training_samples_per_second", "samples trained per second over [training] rate_window",
+     lambda f: f.snapshot.samples_per_s),
+    ("b300_training_mfu", "model FLOPs utilisation, 6*N*tokens/s / (GPUs * [training.peak] per_gpu)",
+     lambda f: f.snapshot.mfu),
+    ("b300_training_seconds_per_step", "wall time per step between the two newest steps reported",
+     lambda f: f.seconds_per_step),
+    ("b300_training_stragglers", "hosts of the running attempt that are stragglers now",
+     lambda f: len(f.snapshot.stragglers)),
+    ("b300_training_checkpoint_saves_open", "checkpoint saves begun and not yet ended",
+     lambda f: f.snapshot.open_checkpoints),
+)
+
+
+def _training_families(m: MetricsSnapshot) -> list[Metric]:
+    runs = sorted(m.training.items())
+    out: list[Metric] = []
+    for name, help, get in _TRAINING_GAUGES:
+        values = ((r, get(f)) for r, f in runs)
+        out.append(_per_run(name, help, ((r, float(v)) for r, v in values if v is not None)))
+    host_time = GaugeMetricFamily("b300_training_host_step_time_seconds",
+                                  "a host's own step time (step_time_s), newest reported",
+                                  labels=["run", "host"])
+    straggler = GaugeMetricFamily("b300_training_straggler", "1 for a host that is a straggler now",
+                                  labels=["run", "host"])
+    for run, f in runs:
+        for host, value in sorted(f.host_step_time_s.items()):
+            host_time.add_metric([run, host], value)
+        for host in sorted(f.snapshot.stragglers):
+            straggler.add_metric([run, host], 1)
+    findings = CounterMetricFamily("b300_training_findings_total",
+                                   "training-health findings recorded (loss spikes, NaN, throughput drops, "
+                                   "stragglers, stalled checkpoint writes, progress file problems)",
+                                   labels=["run", "kind"])
+    counts = dict(m.training_findings)
+    # Every kind of a watched run from 0, so that the first finding is an increase (a series
+    # that appears at 1 is no increase to Prometheus' increase()/rate()).
+    for run in m.training:
+        for kind in FINDING_COUNTER_KINDS:
+            counts.setdefault((run, kind), 0)
+    for (run, kind), count in sorted(counts.items()):
+        findings.add_metric([run, kind], count)
+    return [*out, host_time, straggler, findings]
 
 
 #: A snapshot with every optional family present: what :meth:`SnapshotCollector.describe` names.
@@ -179,6 +242,10 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         for r in runs:
             by_state[r.state.value] = by_state.get(r.state.value, 0) + 1
         recoveries = len(store.events(kinds=[Kind.RECOVERY_RESUBMIT]))
+        findings: dict[tuple[str, str], int] = {}
+        for e in store.events(kinds=[*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM]):
+            key = (e.run_id or "", e.kind.removeprefix("training."))
+            findings[key] = findings.get(key, 0) + 1
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
@@ -222,7 +289,7 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         log.warning("metrics.store_failed", error=str(exc))
         return MetricsSnapshot(cycle=cycle, store_up=False)
     return MetricsSnapshot(cycle, True, by_state, recoveries, drained, drift_open, ages, lags,
-                           checkpoint_schedule=schedules)
+                           checkpoint_schedule=schedules, training_findings=findings)
 
 
 def _schedule_figures(s: RunSchedule) -> dict[str, float]:

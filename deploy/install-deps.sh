@@ -18,6 +18,10 @@ PKGS=(
   python3-venv   # deploy/install.sh: a venv of the system python (tests/install)
   systemd    # systemd-analyze verify for deploy/b300d.service (not run as PID 1 here)
   chromium   # renders the weekly report's HTML to a PNG in the tests
+  # promtool for `promtool check rules deploy/prometheus/b300-rules.yml` (tests/ops/test_dashboards.py):
+  # verified in bookworm's prometheus 2.42.0+ds-5+deb12u1 (`dpkg -c`: ./usr/bin/promtool).
+  # The package also installs a prometheus.service; only promtool is used here.
+  prometheus
 )
 
 # The MariaDB client CLI: keep whatever provides it, otherwise install mariadb-client.
@@ -60,10 +64,21 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 log "installing: ${MISSING[*]}"
 timeout 600 apt-get update -qq || die "apt-get update failed"
+# No service a package brings is started by its install (prometheus would start a server
+# on :9090; only its promtool is used): Debian's policy-rc.d convention, for this install
+# only, and only when the machine has no policy of its own.
+POLICY=/usr/sbin/policy-rc.d
+OWN_POLICY=0
+if [[ ! -e $POLICY ]]; then
+  printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod 755 "$POLICY" && OWN_POLICY=1
+fi
+rc=0
 timeout 1200 apt-get install -y -q --no-install-recommends \
   -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
   -o DPkg::Lock::Timeout=300 \
-  "${MISSING[@]}" || die "apt-get install failed"
+  "${MISSING[@]}" || rc=$?
+((OWN_POLICY == 0)) || rm -f "$POLICY"
+((rc == 0)) || die "apt-get install failed"
 
 mapfile -t MISSING < <(missing)
 [[ ${#MISSING[@]} -eq 0 ]] || die "still missing after install: ${MISSING[*]}"

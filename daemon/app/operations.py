@@ -11,6 +11,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import structlog
 from apscheduler.schedulers.base import BaseScheduler
@@ -23,6 +24,9 @@ from ..health import CycleHealth, Watchdog, watchdog_interval_s
 from ..interfaces import Store
 from ..metrics import MetricsServer, MetricsSnapshot, collect_metrics
 from ..report.schedule import schedule_report
+
+if TYPE_CHECKING:
+    from ..training.watch import RunFigures
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +44,9 @@ class Operations:
         health: CycleHealth,
         accounting: Callable[[], AccountingHealth],
         running: Callable[[], bool],
+        training: Callable[[], dict[str, RunFigures]] = dict,
     ) -> None:
+        self._training = training
         self._config = config
         self._store = store
         self._clock = clock
@@ -96,7 +102,8 @@ class Operations:
     def snapshot(self) -> MetricsSnapshot:
         acc = self._accounting()
         return dataclasses.replace(collect_metrics(self._store, self._health.snapshot(), self._clock()),
-                                   accounting_up=acc.up, accounting_failures_total=acc.failures_total)
+                                   accounting_up=acc.up, accounting_failures_total=acc.failures_total,
+                                   training=self._training())
 
     def scan_alerts(self) -> None:
         try:

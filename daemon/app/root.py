@@ -32,9 +32,10 @@ from ..logs import configure_logging
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
-from ..recovery.recoverer import Recoverer
+from ..recovery.recoverer import Recoverer, job_log_path
 from ..run_actions import RunActions
 from ..spec import spec_of
+from ..training.watch import TrainingWatch
 from .daemon import CycleRunner, Daemon, DaemonParts
 from .lifetime import Lifetime
 from .operations import Operations
@@ -94,19 +95,26 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         recoverer = Recoverer(store, slurm, actions, clock, config.recovery,
                               job_log_dir=config.job_log_dir,
                               node_health=node_loss.node_health if node_loss else None,
-                              detect_window_s=_detect_window_s(config), plugins=plugins)
+                              detect_window_s=_detect_window_s(config), plugins=plugins,
+                              training=config.training)
     tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
                              recovering=recovery_on)
+    # Training health (b300.training.watch): progress read and judged each cycle, whether
+    # or not recovery is on (a finding is an event, a metric and an alert; no action).
+    training = TrainingWatch(store, clock, lambda: current.get().training, state_dir=config.state_dir,
+                             output_path=lambda a, s: job_log_path(a, s, current.get().job_log_dir))
+    hangs = HangWatch(store, slurm, clock, progress=training.progress_step) if recovery_on else None
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
-                      recoverer=recoverer, hangs=HangWatch(store, slurm, clock) if recovery_on else None)
+                      recoverer=recoverer, hangs=hangs, training=training)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)
 
     operations = Operations(config=current.get, store=store, clock=clock, fence=fence.check,
                             health=health, accounting=lambda: tracker.accounting,
-                            running=lambda: bool(scheduler.running) and not lifetime.stopping())
+                            running=lambda: bool(scheduler.running) and not lifetime.stopping(),
+                            training=training.figures)
     upkeep = CheckpointUpkeep(store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
                               plugins=plugins, stopping=lifetime.stopping, fence=fence.check)
     drills = DrillWatch(store, slurm, config=current.get, lock=lock, clock=clock, fence=fence.check,

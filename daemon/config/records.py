@@ -18,6 +18,7 @@ from .ops import AlertsConfig, MetricsConfig, ReportConfig
 
 if TYPE_CHECKING:
     from ..liveness.config import LivenessConfig
+    from ..training.config import TrainingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,13 @@ def _liveness_defaults() -> LivenessConfig:
     from ..liveness.config import LivenessConfig
 
     return LivenessConfig()
+
+
+def _training_defaults() -> TrainingConfig:
+    # [training] is a pydantic model too (b300.training.config), imported when first needed.
+    from ..training.config import TrainingConfig
+
+    return TrainingConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,7 @@ class Config:
     drift: DriftConfig | None = None  # [drift]: see b300.drift
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     liveness: LivenessConfig = field(default_factory=_liveness_defaults)  # [liveness]: b300.liveness
+    training: TrainingConfig = field(default_factory=_training_defaults)  # [training]: b300.training
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     report: ReportConfig = field(default_factory=ReportConfig)  # [report]: see b300.config.ops
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

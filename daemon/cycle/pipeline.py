@@ -11,9 +11,11 @@ One :meth:`PollCycle.run_once`:
    each tracked attempt (pure, :func:`~b300.cycle.observe.observe_attempt`), written
    in one transaction; the recorded changes come back;
 4. **act on the changes**: a job Slurm requeued itself is kept off the nodes that
-   failed it (:meth:`Recoverer.on_requeued`); running attempts whose training
-   stopped advancing are cancelled (:class:`~b300.recovery.hangs.HangWatch`); runs
-   whose attempt ended without completing are classified (pure,
+   failed it (:meth:`Recoverer.on_requeued`); running attempts' progress is read and
+   judged (:class:`~b300.training.watch.TrainingWatch`: loss spikes, NaN, throughput,
+   stragglers, stalled checkpoint writes; an ended attempt's files are read a last
+   time); running attempts whose training stopped advancing are cancelled
+   (:class:`~b300.recovery.hangs.HangWatch`); runs whose attempt ended without completing are classified (pure,
    :func:`~b300.recovery.classify.classify_end`) and acted on: drains and a
    resubmission from the newest verified checkpoint (:class:`Recoverer`).
 
@@ -35,6 +37,7 @@ from ..model import AttemptState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
+from ..training.watch import TrainingWatch
 from .track import AttemptTracker
 from .view import ClusterObserver
 
@@ -69,6 +72,7 @@ class PollCycle:
         clock: Clock,
         recoverer: Recoverer | None = None,
         hangs: HangWatch | None = None,
+        training: TrainingWatch | None = None,
     ) -> None:
         self._store = store
         self._slurm = slurm
@@ -78,6 +82,7 @@ class PollCycle:
         self._clock = clock
         self._recoverer = recoverer
         self._hangs = hangs
+        self._training = training
 
     def run_once(self) -> CycleReport:
         """One cycle. Raises SlurmError if the controller could not be asked at all."""
@@ -98,6 +103,12 @@ class PollCycle:
         report.errors += view.errors
         changes = self.tracker.apply(tracked, view)
         report.changed += len(changes)
+        if self._training is not None:
+            # Before recovery: an ended attempt's last lines (its exit intent) are read first.
+            for c in changes:
+                if c.after.state.is_terminal and not c.before.state.is_terminal:
+                    self._training.finish(c.after)
+            self._training.check(self._store.active_attempts())
         try:
             if self._recoverer is not None:
                 for c in changes:

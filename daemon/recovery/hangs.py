@@ -44,7 +44,11 @@ class _Progress:
 class HangWatch:
     """Follows running attempts' progress files; cancels the ones that stopped advancing."""
 
-    def __init__(self, store: Store, slurm: SlurmClient, clock: Clock) -> None:
+    def __init__(self, store: Store, slurm: SlurmClient, clock: Clock, *,
+                 progress: Callable[[Attempt], str | None] | None = None) -> None:
+        # progress: the training watch's step of an attempt ('' none yet), None where it does not
+        # read the attempt (then the progress file is read here, as a pre-v1 snapshot).
+        self._progress_of = progress
         self._store = store
         self._slurm = slurm
         self._clock = clock
@@ -78,7 +82,8 @@ class HangWatch:
         if not spec.health.progress_file:
             return 0
         self._seed_progress(attempt)
-        step = read_progress(spec.health.progress_file, attempt.start)
+        watched = self._progress_of(attempt) if self._progress_of is not None else None
+        step = watched if watched is not None else read_progress(spec.health.progress_file, attempt.start)
         seen = self._progress.get(attempt.id)
         if step == "":
             # No step yet in this attempt: it is still starting up.

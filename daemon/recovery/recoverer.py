@@ -11,6 +11,15 @@ the next cycle after a restart:
 - draining a node already drained is skipped;
 - the resubmission is an intent (:class:`b300.run_actions.RunActions`), so it
   reaches Slurm at most once.
+
+Before resubmitting, two training-health checks may end the run instead
+(:mod:`b300.training.restarts`): an exit code the spec declares "do not restart"
+(``[health] no_restart_exit_codes``) or the job's own ``exit_intent`` with
+``restart: false`` ends it FAILED with ``recovery.no_restart``; ``[training]
+restart_loop.attempts`` ended attempts in a row that did not advance the run's newest
+checkpoint step end it FAILED with ``recovery.restart_loop`` (both alerted). The
+newest checkpoint step at each attempt's end is recorded in its classification
+(``newest_step``), so the row survives restarts.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import structlog
 from ..checkpoints.resume_point import newest_verified
 from ..config import RecoveryConfig
 from ..cycle.view import ClusterView
-from ..errors import SlurmError
+from ..errors import B300Error, SlurmError
 from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
 from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
@@ -34,6 +43,7 @@ from ..plugin_registry import PluginRegistry
 from ..run_actions import RunActions
 from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, spec_of
+from ..training.config import TrainingConfig, TrainingSpec
 from .classify import (
     BlackHolePolicy,
     NodeStrikes,
@@ -70,8 +80,10 @@ class Recoverer:
         node_health: Callable[[Sequence[str]], dict[str, str]] | None = None,
         detect_window_s: float = 0.0,
         plugins: PluginRegistry | None = None,
+        training: TrainingConfig | None = None,
     ) -> None:
         self._plugins = plugins
+        self._training = training if training is not None else TrainingConfig()
         # node_health: the daemon's own liveness checks (b300.recovery.node_loss), if on.
         self._node_health = node_health
         self._detect_window_s = detect_window_s
@@ -84,9 +96,11 @@ class Recoverer:
         self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
         self._waiting: set[int] = set()
 
-    def reconfigure(self, config: RecoveryConfig) -> None:
+    def reconfigure(self, config: RecoveryConfig, training: TrainingConfig | None = None) -> None:
         """Take new thresholds (SIGHUP)."""
         self._config = config
+        if training is not None:
+            self._training = training
         self._blackhole = BlackHolePolicy(config.blackhole_failures, config.blackhole_window_s)
 
     # -- ended attempts ---------------------------------------------------
@@ -130,6 +144,11 @@ class Recoverer:
             if outcome is Outcome.INFRA:
                 # Only an infrastructure failure says anything about the nodes it ran on.
                 self._drain_black_holes(run, last, nodes_now, drained, now)
+            stop = self._training_stop(run, last, spec, attempts, verdict.resubmit)
+            if stop is not None:
+                kind, why, data = stop
+                self._finish(run, RunState.FAILED, why, now, kind=kind, data=data)
+                return True
             if not verdict.resubmit:
                 self._finish(run, _FINAL.get(outcome, RunState.FAILED),
                              f"{outcome.value}: not resubmitted", now)
@@ -199,10 +218,12 @@ class Recoverer:
                              data={"job_id": last.slurm_job_id, "outcome": verdict.outcome.value})
                     for n in verdict.implicated]
         log.info("recovery.classified", outcome=verdict.outcome.value, suspects=list(verdict.suspects))
+        # The newest checkpoint step when the attempt ended: the restart-loop breaker's record.
+        evidence = {**verdict.evidence(), "newest_step": self._newest_step(spec_of(run))}
         return self._store.update_attempt(
-            last.id, now, outcome=verdict.outcome.value, evidence=verdict.evidence(),
+            last.id, now, outcome=verdict.outcome.value, evidence=evidence,
             events=[NewEvent(Kind.ATTEMPT_CLASSIFIED, run_id=run.id, attempt_id=last.id,
-                             data=verdict.evidence()), *strikes])
+                             data=evidence), *strikes])
 
     def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
                nodes_now: Mapping[str, NodeRecord], now: datetime) -> set[str]:
@@ -246,11 +267,75 @@ class Recoverer:
             log.warning("node.drained", node=hole.node, reason=reason)
 
     def _finish(self, run: Run, state: RunState, why: str, now: datetime, *,
-                alert: bool = False) -> None:
-        kind = Kind.RECOVERY_BUDGET_SPENT if alert else Kind.RECOVERY_STOPPED
+                alert: bool = False, kind: Kind | None = None,
+                data: dict[str, object] | None = None) -> None:
+        kind = kind or (Kind.RECOVERY_BUDGET_SPENT if alert else Kind.RECOVERY_STOPPED)
         self._store.set_run_state(run.id, state, now, events=[
-            NewEvent(kind, run_id=run.id, data={"why": why})])
-        (log.error if alert else log.info)(kind.value, why=why)
+            NewEvent(kind, run_id=run.id, data={"why": why, **(data or {})})])
+        (log.error if alert or kind is not Kind.RECOVERY_STOPPED else log.info)(kind.value, why=why)
+
+    # -- training health: "do not restart" and the restart-loop breaker ------
+
+    def _training_stop(self, run: Run, last: Attempt, spec: JobSpec, attempts: Sequence[Attempt],
+                       resubmit: bool) -> tuple[Kind, str, dict[str, object]] | None:
+        """Why the run must end now instead of being resubmitted (or ending as it would),
+        or None. A declared "do not restart" exit is honoured whatever the outcome (except
+        a completed or cancelled run); the loop breaker only stops a resubmission."""
+        from ..training.protocol import ExitIntent
+        from ..training.restarts import (
+            AttemptCheckpoints,
+            ExitVerdict,
+            classify_exit,
+            restart_loop_decision,
+        )
+
+        outcome = Outcome(last.outcome)
+        tspec = spec.health.training or TrainingSpec()
+        if outcome not in (Outcome.COMPLETED, Outcome.CANCELLED):
+            intents = [e for e in self._store.events(run_id=run.id, kinds=[Kind.TRAINING_EXIT_INTENT])
+                       if e.attempt_id == last.id]
+            intent = (ExitIntent(bool(intents[-1].data.get("restart")), str(intents[-1].data.get("why", "")))
+                      if intents else None)
+            exit_ = classify_exit(last.exit_code, no_restart_exit_codes=tspec.no_restart_exit_codes,
+                                  intent=intent)
+            if exit_.verdict is ExitVerdict.NO_RESTART:
+                return Kind.RECOVERY_NO_RESTART, f"not resubmitted: {exit_.reason}", {
+                    "exit_code": last.exit_code}
+        if not resubmit or not self._training.enabled or not spec.checkpoint.dir:
+            return None
+        thresholds = self._training.for_run(tspec).restart_loop
+        # The row starts after the newest attempt without a recorded checkpoint step
+        # (classified before this was recorded: its progress is unknown, so it breaks the row).
+        row: list[AttemptCheckpoints] = []
+        for a in attempts:
+            if not a.state.is_terminal or not a.outcome:
+                continue
+            if "newest_step" not in a.evidence:
+                row = []
+                continue
+            step = a.evidence.get("newest_step")
+            row.append(AttemptCheckpoints(a.number, a.outcome, step if isinstance(step, int) else None))
+        # start_step None: the first attempt of the row is credited with the checkpoints the
+        # folder held when it ended (conservative: at most one attempt more before a stop).
+        decision = restart_loop_decision(row, thresholds, start_step=None)
+        if not decision.stop:
+            return None
+        return Kind.RECOVERY_RESTART_LOOP, decision.reason, {
+            "attempts": list(decision.attempts), "newest_step": decision.newest_step}
+
+    def _newest_step(self, spec: JobSpec) -> int | None:
+        """The newest complete checkpoint's step in the run's folder now (None: none)."""
+        if not spec.checkpoint.dir:
+            return None
+        from ..checkpoints.layouts import load_layout
+
+        try:
+            found = load_layout(spec.checkpoint.layout, self._plugins).list_checkpoints(spec.checkpoint.dir)
+        except (OSError, B300Error) as exc:
+            log.warning("recovery.checkpoints_unlisted", error=str(exc))
+            return None
+        steps = [c.step for c in found if c.complete]
+        return max(steps) if steps else None
 
     def _log_tail(self, attempt: Attempt, spec: JobSpec) -> list[str]:
         path = _job_log_path(attempt, spec, self._log_dir)
@@ -299,6 +384,11 @@ class Recoverer:
                 NewEvent(Kind.ATTEMPT_EXCLUDED, run_id=run.id, attempt_id=after.id,
                          data={"exclude": plan.nodes,
                                "exclusions": [e.to_dict() for e in plan.kept]})])
+
+
+def job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str | None:
+    """The job's output file for ``attempt`` (the batch host's view of its output pattern)."""
+    return _job_log_path(attempt, spec, log_dir)
 
 
 def _job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str | None:

@@ -28,6 +28,7 @@ from datetime import datetime
 from ..checkpoints.schedule import YoungDaly
 from ..events import DRAINS, RETURNS, Kind
 from ..model import Attempt, Event, Run
+from ..training.stats import median
 
 CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
           "other infrastructure")
@@ -118,6 +119,32 @@ class CheckpointFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class TrainingRunFigures:
+    """A run's training figures in the window (issue 17): the medians of the
+    ``training.figures`` records (None: the job reports no progress, or no MFU inputs),
+    queue time per attempt, and how often recovery resubmitted it."""
+
+    run_id: str
+    mfu: float | None
+    tokens_per_s: float | None
+    queue_s_per_attempt: float | None
+    recoveries: int
+    recoveries_per_day: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingFindingRow:
+    """A loss spike or a straggler found in the window."""
+
+    ts: datetime
+    run_id: str
+    kind: str
+    host: str | None
+    step: int | None
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunInput:
     """One run as the report needs it: its record, attempts, spec figures, checkpoints."""
 
@@ -188,6 +215,8 @@ class WeeklyReport:
     gpu_hours: float
     notes: tuple[str, ...] = field(default=())
     drills: tuple[DrillRow, ...] = field(default=())
+    training: tuple[TrainingRunFigures, ...] = ()
+    training_findings: tuple[TrainingFindingRow, ...] = ()
 
     @property
     def ettr(self) -> float | None:
@@ -275,6 +304,32 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
                       queue, restart, recompute, other, training, tuple(notes))
 
 
+def training_figures(f: RunFigures, events: Sequence[Event], window: Window) -> TrainingRunFigures:
+    """MFU and tokens/s (medians of the run's ``training.figures`` in the window), queue time
+    per attempt and recovery frequency (``recovery.resubmit`` per day of the run's wall time)."""
+    mine = [e for e in events if e.run_id == f.run_id and window.contains(e.ts)]
+
+    def med(key: str) -> float | None:
+        values = [float(v) for e in mine if e.kind == Kind.TRAINING_FIGURES
+                  and isinstance(v := e.data.get(key), int | float) and not isinstance(v, bool)]
+        return median(values) if values else None
+
+    recoveries = sum(e.kind == Kind.RECOVERY_RESUBMIT for e in mine)
+    return TrainingRunFigures(
+        f.run_id, med("mfu"), med("tokens_per_s"), f.queue_s / f.attempts if f.attempts else None,
+        recoveries, recoveries / (f.wall_s / 86400) if f.wall_s > 0 else None)
+
+
+def training_findings(events: Sequence[Event], window: Window) -> tuple[TrainingFindingRow, ...]:
+    """The loss spikes (and NaN losses) and stragglers of the window, oldest first."""
+    kinds = (Kind.TRAINING_LOSS_SPIKE, Kind.TRAINING_LOSS_NAN, Kind.TRAINING_STRAGGLER)
+    rows = [TrainingFindingRow(e.ts, e.run_id or "?", e.kind.removeprefix("training."), e.node,
+                               step if isinstance(step := e.data.get("step"), int) else None,
+                               str(e.data.get("evidence", ""))[:200])
+            for e in events if e.kind in kinds and window.contains(e.ts)]
+    return tuple(sorted(rows, key=lambda r: r.ts))
+
+
 def checkpoint_figures(ri: RunInput, now: datetime) -> CheckpointFigures | None:
     if ri.checkpoints is None or ri.checkpoint_interval_s is None:
         return None
@@ -347,7 +402,9 @@ def weekly_report(
         interruptions=tuple(sorted(interruptions, key=lambda i: i.ended)), by_cause=by_cause,
         drained=changes(DRAINS), returned=changes(RETURNS), drift_findings=drift,
         drift_open=drift_open, checkpoints=tuple(ckpt) if checkpoints_available else None,
-        jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes), drills=drill_rows(events, window))
+        jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes), drills=drill_rows(events, window),
+        training=tuple(training_figures(f, events, window) for f in sorted(figures, key=lambda r: r.run_id)),
+        training_findings=training_findings(events, window))
 
 
 def week_key(window: Window) -> str:

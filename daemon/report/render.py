@@ -86,6 +86,23 @@ def drill_rows(report: WeeklyReport) -> list[list[str]]:
     return rows
 
 
+def training_rows(report: WeeklyReport) -> list[list[str]]:
+    rows = [["run", "MFU", "tokens/s", "queue h per attempt", "recoveries", "recoveries per day"]]
+    for t in report.training:
+        rows.append([t.run_id, pct(t.mfu), "n/a" if t.tokens_per_s is None else f"{t.tokens_per_s:,.0f}",
+                     hours(t.queue_s_per_attempt), str(t.recoveries),
+                     "n/a" if t.recoveries_per_day is None else f"{t.recoveries_per_day:.2f}"])
+    return rows
+
+
+def finding_rows(report: WeeklyReport) -> list[list[str]]:
+    rows = [["time", "run", "finding", "host", "step", "evidence"]]
+    for f in report.training_findings:
+        rows.append([_day(f.ts), f.run_id, f.kind, f.host or "-", "-" if f.step is None else str(f.step),
+                     f.evidence[:100]])
+    return rows
+
+
 def title(report: WeeklyReport) -> str:
     w = report.window
     return f"b300 weekly report {w.since:%Y-%m-%d} to {w.until:%Y-%m-%d}"
@@ -114,6 +131,9 @@ def render_text(report: WeeklyReport) -> str:
     out += ["Effective training time ratio per run (hours)", _table(ettr_rows(report)), ""]
     for r in report.runs:
         out += [f"  {r.run_id}: {n}" for n in r.notes]
+    out += ["", "Training: MFU, tokens/s, queue time, recovery frequency", _table(training_rows(report))]
+    out += ["", "Loss spikes and stragglers"]
+    out += [_table(finding_rows(report)) if report.training_findings else "  none"]
     out += ["", "Interruptions by cause", _table(cause_rows(report)), ""]
     if report.interruptions:
         out.append(_table([["ended", "run", "attempt", "job", "outcome", "cause"]] + [
@@ -198,6 +218,10 @@ def render_html(report: WeeklyReport, pngs: dict[str, bytes], image_src: ImageSr
     notes = [f"{r.run_id}: {n}" for r in report.runs for n in r.notes]
     if notes:
         parts.append("<ul>" + "".join(f"<li><i>{e(n)}</i></li>" for n in notes) + "</ul>")
+    parts.append("<h2 style=\"font-size:16px\">Training: MFU, tokens/s, queue time, recovery frequency</h2>")
+    parts.append(_html_table(training_rows(report)))
+    parts.append("<h2 style=\"font-size:16px\">Loss spikes and stragglers</h2>")
+    parts.append(_html_table(finding_rows(report)) if report.training_findings else "<p>none</p>")
     parts.append("<h2 style=\"font-size:16px\">Interruptions by cause</h2>")
     if "causes" in pngs:
         parts.append(f'<img alt="interruptions by cause" src="{image_src("causes", pngs["causes"])}" '

@@ -26,7 +26,7 @@ def render_script(
     quoted word, so no value from a spec or from Slurm becomes code.
     ``{resume_from}`` in the command becomes the quoted checkpoint path
     (an empty word when starting fresh); ``$B300_RESUME_FROM`` carries the
-    same path.
+    same path; ``$B300_PROGRESS_FILE`` the spec's ``[health] progress_file``.
     """
     resume = resume_from or ""
     lines = [
@@ -38,6 +38,9 @@ def render_script(
     ]
     if spec.checkpoint.dir:
         lines.append(f"export B300_CHECKPOINT_DIR={shlex.quote(spec.checkpoint.dir)}")
+    if spec.health.progress_file:
+        # For b300.training.progress.ProgressWriter.from_env (``{host}``/``{rank}`` kept).
+        lines.append(f"export B300_PROGRESS_FILE={shlex.quote(spec.health.progress_file)}")
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
     command = spec.command.replace(RESUME_PLACEHOLDER, shlex.quote(resume))
     lines += ["", command.rstrip("\n"), ""]

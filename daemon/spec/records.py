@@ -34,6 +34,10 @@ These are the records; the grammar is :mod:`b300.spec.tables`, the text in and o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..training.config import TrainingSpec
 
 LAYOUTS = ("dcp", "megatron", "deepspeed", "hf", "lightning", "generic", "auto")
 MAX_SCRIPT_BYTES = 1 << 20
@@ -77,6 +81,8 @@ class HealthPolicy:
     progress_file: str | None = None
     hang_timeout_s: float = 1800.0
     startup_timeout_s: float = 3600.0
+    #: The training-health keys of ``[health]`` (issue 17); None when the spec sets none of them.
+    training: TrainingSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from ..config.duration import short_repr
 from ..config.types import NAME, AbsPath, Duration, Table, Text, expected, matches, one_of, problem
+from ..training.config import SignalOverrides
 from .records import CHECKPOINT_SIGNALS, LAYOUTS, RESERVED_ENV_PREFIXES, SIGNAL_TARGETS
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -97,6 +98,12 @@ class HealthTable(Table):
     progress_file: AbsPath | None = None
     hang_timeout: Duration = 1800.0
     startup_timeout: Duration = 3600.0
+    # Training health (issue 17, b300.training.config.TrainingSpec; docs/PROGRESS.md).
+    megatron_log: bool = False
+    model_params: Annotated[int, Field(ge=1, le=10**15)] | None = None
+    tokens_per_sample: Annotated[int, Field(ge=1, le=10**9)] | None = None
+    no_restart_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(default_factory=list)
+    signals: SignalOverrides | None = None
 
 
 class SpecFile(Table):
@@ -105,3 +112,11 @@ class SpecFile(Table):
     checkpoint: CheckpointTable = Field(default_factory=CheckpointTable)
     retries: RetriesTable = Field(default_factory=RetriesTable)
     health: HealthTable = Field(default_factory=HealthTable)
+
+    @model_validator(mode="after")
+    def _no_restart_not_retryable(self) -> SpecFile:
+        both = sorted(set(self.health.no_restart_exit_codes) & set(self.retries.retryable_exit_codes))
+        if both:
+            raise problem(f"exit code {both[0]} is in both [retries] retryable_exit_codes and "
+                          "[health] no_restart_exit_codes")
+        return self

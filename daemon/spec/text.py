@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..model import Run
 from .records import MAX_SCRIPT_BYTES, CheckpointPolicy, HealthPolicy, JobSpec, RetryPolicy
+
+if TYPE_CHECKING:
+    from ..training.config import TrainingSpec
+    from .tables import HealthTable
 
 
 def load_spec_file(path: str | Path) -> tuple[JobSpec, str]:
@@ -69,8 +74,24 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         retries=RetryPolicy(infra=retries.infra, preemption=retries.preemption,
                             retryable_exit_codes=tuple(sorted(set(retries.retryable_exit_codes)))),
         health=HealthPolicy(progress_file=health.progress_file, hang_timeout_s=health.hang_timeout,
-                            startup_timeout_s=health.startup_timeout),
+                            startup_timeout_s=health.startup_timeout, training=_training_spec(health)),
     )
+
+
+_TRAINING_KEYS = ("megatron_log", "model_params", "tokens_per_sample", "no_restart_exit_codes", "signals")
+
+
+def _training_spec(health: HealthTable) -> TrainingSpec | None:
+    """The issue-17 keys of ``[health]`` as a :class:`TrainingSpec`; None if none is set."""
+    given = health.model_fields_set & set(_TRAINING_KEYS)
+    if not given:
+        return None
+    from ..training.config import TrainingSpec
+
+    data = {k: getattr(health, k) for k in given if getattr(health, k) is not None}
+    if "no_restart_exit_codes" in data:
+        data["no_restart_exit_codes"] = tuple(data["no_restart_exit_codes"])
+    return TrainingSpec.model_validate(data)
 
 
 def spec_of(run: Run) -> JobSpec:
@@ -126,7 +147,34 @@ def dump_spec(spec: JobSpec) -> str:
               f"startup_timeout = {spec.health.startup_timeout_s!r}"]
     if spec.health.progress_file is not None:
         lines.append(f"progress_file = {_toml_str(spec.health.progress_file)}")
+    if spec.health.training is not None:
+        lines += _dump_training(spec.health.training)
     return "\n".join(lines) + "\n"
+
+
+def _dump_training(t: TrainingSpec) -> list[str]:
+    """The issue-17 keys of ``[health]`` (only those set), then ``[health.signals.*]``."""
+    lines = []
+    for key in ("megatron_log", "model_params", "tokens_per_sample", "no_restart_exit_codes"):
+        if key in t.model_fields_set:
+            lines.append(f"{key} = {_toml_value(getattr(t, key))}")
+    for name in type(t.signals).model_fields:
+        table = getattr(t.signals, name)
+        if table is None:
+            continue
+        lines += ["", f"[health.signals.{name}]"]
+        lines += [f"{k} = {_toml_value(getattr(table, k))}" for k in sorted(table.model_fields_set)]
+    return lines
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_str(value)
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
 
 
 def _toml_str(value: str) -> str:

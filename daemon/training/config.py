@@ -90,13 +90,15 @@ class ThroughputThresholds(BaseModel):
 
 
 class StragglerThresholds(BaseModel):
-    """A host whose step time is at least ``ratio`` times the median of the other hosts'
-    (and, with 3 or more other hosts, ``mad_k`` robust sigmas above it) for ``steps``
+    """A host whose step time is at least ``ratio`` times the median of the other hosts' and
+    ``min_excess`` seconds above it (and, with 3 or more other hosts, ``mad_k`` robust
+    sigmas above it) for ``steps``
     consecutive steps is a straggler. Steps with fewer than ``min_hosts`` hosts reporting
     are not judged; at most ``max_pending_steps`` steps wait for slow reporters."""
 
     model_config = _MODEL
     ratio: float = Field(default=1.3, gt=1, le=100)
+    min_excess: float = Field(default=0.05, ge=0, le=3600)  # seconds
     mad_k: float = Field(default=3.5, gt=0, le=1000)
     steps: int = Field(default=10, ge=1, le=100_000)
     min_hosts: int = Field(default=2, ge=2, le=100_000)

@@ -6,7 +6,9 @@ everywhere, so only the own-work time tells the slow host apart).
 
 For each step, each host is compared with the *other* hosts of that step (leave one
 out: with two hosts, with the other one). It is an outlier when its time is at least
-``ratio`` times their median and, with three or more others, also ``mad_k`` robust
+``ratio`` times their median, at least ``min_excess`` seconds above it (found live:
+sub-millisecond step times differ by 40% from jitter alone) and, with three or
+more others, also ``mad_k`` robust
 sigmas above it (so one host among many with naturally wide jitter is not singled
 out). A host that is an outlier for ``steps`` consecutive judged steps is a
 straggler: one finding, until it has a step that is not an outlier.
@@ -103,7 +105,8 @@ class StragglerMonitor:
         for host, mine in times.items():
             others = [t for h, t in times.items() if h != host]
             mid = median(others)
-            slow = mid > 0 and mine >= th.ratio * mid
+            # ... and at least min_excess seconds slower: a ratio of sub-millisecond times is jitter.
+            slow = mid > 0 and mine >= th.ratio * mid and mine - mid >= th.min_excess
             if slow and len(others) >= 3:
                 slow = mine - mid >= th.mad_k * robust_scale(others, mid, floor=0.01 * mid)
             if not slow:

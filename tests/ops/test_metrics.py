@@ -18,6 +18,8 @@ from b300.health import CycleSnapshot
 from b300.metrics import MetricsServer, MetricsSnapshot, collect_metrics, render_metrics
 from b300.model import RunState
 from b300.store import SqlStore, open_store
+from b300.training.monitor import TrainingSnapshot
+from b300.training.watch import RunFigures
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 CYCLE = CycleSnapshot(7, 1, 0.25, 1764590400.5, None, 2)
@@ -51,7 +53,31 @@ FAMILIES = {
     "b300_cycle_overruns": ("counter", (), "poll cycles that outlived the poll interval"),
     "b300_cycle_duration_seconds": ("gauge", (), "wall time of the last poll cycle"),
     "b300_last_cycle_timestamp": ("gauge", (), "unix time the last poll cycle ended"),
+    # training health (issue 17, b300.training.watch)
+    "b300_training_step": ("gauge", ("run",), "newest training step the running attempt reported"),
+    "b300_training_loss": ("gauge", ("run",), "newest training loss the running attempt reported"),
+    "b300_training_tokens_per_second": ("gauge", ("run",),
+                                        "tokens trained per second over [training] rate_window"),
+    "b300_training_samples_per_second": ("gauge", ("run",),
+                                         "samples trained per second over [training] rate_window"),
+    "b300_training_mfu": ("gauge", ("run",),
+                          "model FLOPs utilisation, 6*N*tokens/s / (GPUs * [training.peak] per_gpu)"),
+    "b300_training_seconds_per_step": ("gauge", ("run",),
+                                       "wall time per step between the two newest steps reported"),
+    "b300_training_stragglers": ("gauge", ("run",), "hosts of the running attempt that are stragglers now"),
+    "b300_training_checkpoint_saves_open": ("gauge", ("run",), "checkpoint saves begun and not yet ended"),
+    "b300_training_host_step_time_seconds": ("gauge", ("host", "run"),
+                                             "a host's own step time (step_time_s), newest reported"),
+    "b300_training_straggler": ("gauge", ("host", "run"), "1 for a host that is a straggler now"),
+    "b300_training_findings": ("counter", ("kind", "run"),
+                               "training-health findings recorded (loss spikes, NaN, throughput drops, "
+                               "stragglers, stalled checkpoint writes, progress file problems)"),
 }
+
+TRAINING = RunFigures("r1", 2, TrainingSnapshot(
+    step=120, last_record_time=1764590400.0, loss=2.5, tokens_per_s=4.0e5, samples_per_s=100.0,
+    steps_per_s=None, mfu=0.41, stragglers=frozenset({"gpu02"}), open_checkpoints=1, exit_intent=None),
+    seconds_per_step=0.9, host_step_time_s={"gpu01": 0.8, "gpu02": 1.4})
 
 FULL = MetricsSnapshot(
     cycle=CYCLE, runs_by_state={"RUNNING": 2, "FAILED": 1}, recoveries_total=3, nodes_drained=1,
@@ -59,7 +85,8 @@ FULL = MetricsSnapshot(
     replication_lag_s={"r1": 0.0},
     checkpoint_schedule={"r1": {"interval_s": 1800.0, "overdue": 1.0, "young_daly_s": 2545.6,
                                 "save_s": 45.0, "mtbf_s": 28800.0}},
-    accounting_up=False, accounting_failures_total=5)
+    accounting_up=False, accounting_failures_total=5,
+    training={"r1": TRAINING}, training_findings={("r1", "straggler"): 1, ("r1", "loss_spike"): 2})
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
@@ -98,6 +125,14 @@ def test_values_and_labels_of_a_full_snapshot() -> None:
             m["b300_cycle_overruns_total"][()]) == (7, 1, 2)
     assert m["b300_cycle_duration_seconds"][()] == 0.25
     assert m["b300_last_cycle_timestamp"][()] == 1764590400.5
+    assert m["b300_training_mfu"] == {(("run", "r1"),): 0.41}
+    assert m["b300_training_straggler"] == {(("host", "gpu02"), ("run", "r1")): 1}
+    assert m["b300_training_host_step_time_seconds"][(("host", "gpu02"), ("run", "r1"))] == 1.4
+    findings = m["b300_training_findings_total"]
+    assert findings[(("kind", "loss_spike"), ("run", "r1"))] == 2
+    assert findings[(("kind", "straggler"), ("run", "r1"))] == 1
+    # Every other kind of a watched run from 0 (so that Prometheus sees the first one increase).
+    assert findings[(("kind", "checkpoint_stalled"), ("run", "r1"))] == 0 and len(findings) == 6
 
 
 def test_families_without_a_value_yet() -> None:

@@ -119,3 +119,19 @@ def test_state_round_trip_changes_nothing(seed: int, cut: int) -> None:
     second = StragglerMonitor.from_state("r", TH, json.loads(json.dumps(first.to_state())))
     got += run(second, records[cut:])
     assert [(f.host, f.step) for f in got] == [(f.host, f.step) for f in expected]
+
+
+def test_sub_millisecond_jitter_is_no_straggler_but_a_real_slowdown_is() -> None:
+    """Found live (tests/live/test_training_health_live.py, clean run): two hosts doing
+    0.4 ms of own work per step differ by 40% from jitter alone; below ``min_excess``
+    (50 ms) a ratio is not a straggler. The same hosts with 0.3 s of sleep on one are."""
+    jitter = step_times(3, 2, 200, sigma=0.3, base=0.0004)
+    few = StragglerThresholds(steps=3)
+    assert run(StragglerMonitor("r", few), jitter) == []
+    # Without the floor, the same jitter is "a straggler" (what the live clean run showed).
+    assert run(StragglerMonitor("r", StragglerThresholds(steps=3, min_excess=0)), jitter) != []
+    slowed = [r if r.host != "gpu01" or r.step < 50 else
+              ProgressRecord(step=r.step, time=r.time, host=r.host, rank=r.rank,
+                             step_time_s=(r.step_time_s or 0) + 0.3) for r in jitter]
+    found = run(StragglerMonitor("r", TH), slowed)
+    assert [(f.host, f.step) for f in found] == [("gpu01", 50 + TH.steps - 1)]

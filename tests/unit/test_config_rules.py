@@ -129,7 +129,8 @@ def test_what_older_configs_wrote_still_loads(tmp_path: Path) -> None:
     ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[retries]\nretryable_exit_codes = [1, 256]\n",
      "s.toml: [retries] retryable_exit_codes[1] must be <= 255, got 256"),
     ("name = 'x'\n[job]\ncommand = 'a'\nnodes = 1\n[health]\nhang_timeout = '1w'\nstartup = '1h'\n",
-     "s.toml: [health] unknown key 'startup' (allowed: hang_timeout, progress_file, startup_timeout)"),
+     "s.toml: [health] unknown key 'startup' (allowed: hang_timeout, megatron_log, model_params, "
+         "no_restart_exit_codes, progress_file, signals, startup_timeout, tokens_per_sample)"),
     ("name = 'x'\n", "s.toml: [job] table is missing"),
 ])
 def test_spec_errors(text: str, message: str) -> None:

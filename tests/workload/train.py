@@ -14,6 +14,25 @@ rank (only rank R with ``--fail-rank R``, its peers then see the
 connection close) raises an ordinary error at step N (exit 1); ``--torn-at N`` rank 1 stalls
 inside the save of step N after rank 0 wrote its shard, so a node killed then
 leaves a checkpoint without ``.metadata``.
+
+Training-health knobs (issue 17; also only on attempt 1, except ``--fail-every-attempt``):
+``--progress-file PATTERN`` every rank appends progress protocol v1 lines there
+(``b300.training.progress.ProgressWriter``; ``{host}``/``{rank}`` expanded): its own
+``step_time_s`` (the work before the all-reduce), and on rank 0 the loss and tokens;
+``--loss-spike-at N`` the batch of step N is scaled by 30 (a real spike of the real
+loss; its optimizer step skipped); ``--nan-at N`` the batch of step N holds a NaN (a
+real NaN loss; step skipped); ``--slow-rank R --slow-s S`` rank R sleeps S seconds of
+its own work per step from ``--slow-from`` on; ``--ckpt-stall-at N`` rank 0 writes
+``ckpt_begin`` for step N and then never ends the save; ``--fail-code C`` the failure
+of ``--fail-at`` is exit code C instead of an exception; ``--fail-every-attempt``
+fails every attempt, not only the first; ``--no-restart-intent WHY`` writes
+``exit_intent`` ``restart: false`` before that failure. Each injection appends
+``{"what", "step", "time"}`` to ``injected.jsonl`` beside the checkpoint folder when
+it happens (the tests wait for the signal from then on). ``--megatron-log``: rank 0
+prints Megatron-LM's iteration line every step, as ``training_log`` in
+``megatron/training/training.py`` formats it (NVIDIA/Megatron-LM commit
+001b00c2734d8f0fad096fe48a382fedf755d321): a NaN step prints no ``lm loss`` and
+counts in ``number of nan iterations``.
 """
 
 from __future__ import annotations
@@ -52,6 +71,26 @@ def _atomic_json(path: Path, data: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def _megatron_line(step: int, steps: int, world: int, elapsed_ms: float, loss: float) -> None:
+    """One iteration line as Megatron-LM's ``training_log`` prints it (see the module doc)."""
+    import datetime as _dt
+    import math
+
+    nan = not math.isfinite(loss)
+    line = f" [{_dt.datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+    line += f" iteration {step:8d}/{steps:8d} |"
+    line += f" consumed samples: {step * 8 * world:12d} |"
+    line += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+    line += f" learning rate: {0.01:.6E} |"
+    line += f" global batch size: {8 * world:5d} |"
+    if not nan:
+        line += " {}: {:.6E} |".format("lm loss", loss)
+    line += f" loss scale: {1.0:.1f} |"
+    line += f" number of skipped iterations: {int(nan):3d} |"
+    line += f" number of nan iterations: {int(nan):3d} |"
+    print(line, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
@@ -65,6 +104,17 @@ def main() -> int:
     # (at most 10 minutes): a test can fail a node while the job surely still trains.
     ap.add_argument("--pause-at", type=int, default=-1)
     ap.add_argument("--gate", default="")
+    ap.add_argument("--progress-file", default="")
+    ap.add_argument("--loss-spike-at", type=int, default=-1)
+    ap.add_argument("--nan-at", type=int, default=-1)
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--slow-s", type=float, default=0.0)
+    ap.add_argument("--slow-from", type=int, default=0)
+    ap.add_argument("--ckpt-stall-at", type=int, default=-1)
+    ap.add_argument("--fail-code", type=int, default=0)
+    ap.add_argument("--fail-every-attempt", action="store_true")
+    ap.add_argument("--no-restart-intent", default="")
+    ap.add_argument("--megatron-log", action="store_true")
     args = ap.parse_args()
 
     rank = int(os.environ["SLURM_PROCID"])
@@ -75,6 +125,16 @@ def main() -> int:
     resume = os.environ.get("B300_RESUME_FROM", "")
     run_dir = ckpt_root.parent
     first = attempt == 1
+    writer = None
+    if args.progress_file:
+        from b300.training.progress import ProgressWriter
+
+        writer = ProgressWriter(args.progress_file, rank=rank, strict=True)
+
+    def injected(what: str, at: int) -> None:
+        # One short O_APPEND write per line: ranks on one file system do not interleave.
+        with open(run_dir / "injected.jsonl", "a") as f:
+            f.write(json.dumps({"what": what, "step": at, "rank": rank, "time": time.time()}) + "\n")
     # Several local clusters on one machine reuse the same job ids: the cluster's name
     # keeps their rendezvous ports apart.
     port = 21000 + (job_id + zlib.crc32(os.environ.get("SLURM_CLUSTER_NAME", "").encode())) % 20000
@@ -82,6 +142,10 @@ def main() -> int:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(seconds=600))
     torch.manual_seed(0)
+    # A regression with a noise floor: the loss falls to ~0.25 and stays noisy there, as a
+    # real loss curve does (minimising the output alone fell to 1e-9 of float noise, where a
+    # 2.8x "spike" is chance: a false alarm in a 10-minute clean live run).
+    teacher = torch.randn(16, 4, generator=torch.Generator().manual_seed(1234))
     model = DistributedDataParallel(torch.nn.Linear(16, 4))
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
     step = 0
@@ -99,26 +163,68 @@ def main() -> int:
               flush=True)
 
     while step < args.steps:
-        if first and step == args.fail_at and args.fail_rank in (-1, rank):
+        failing = first or args.fail_every_attempt
+        if failing and step == args.fail_at and args.fail_rank in (-1, rank):
+            if args.no_restart_intent and writer is not None and rank == 0:
+                writer.exit_intent(step, restart=False, why=args.no_restart_intent)
+            if args.fail_code:
+                injected(f"exit {args.fail_code}", step)
+                print(f"rank {rank} exits {args.fail_code} at step {step}", flush=True)
+                sys.stdout.flush()
+                os._exit(args.fail_code)
             raise RuntimeError(f"bad hyperparameters at step {step}")
         if first and rank == 0 and step == args.hang_at:
             print(f"rank 0 stuck at step {step}", flush=True)
             time.sleep(3600)
+        t0 = time.perf_counter()
+        if rank == args.slow_rank and step >= args.slow_from:
+            if step == args.slow_from:
+                injected("slow rank", step)
+            time.sleep(args.slow_s)
         x = torch.randn(8, 16)
-        loss = model(x).pow(2).mean()
+        target = x @ teacher + 0.5 * torch.randn(8, 4)
+        skip = False
+        if first and step + 1 == args.loss_spike_at:
+            x, skip = x * 30, True
+        if first and step + 1 == args.nan_at:
+            x[0, 0], skip = float("nan"), True
+        out = model(x)
+        own = time.perf_counter() - t0  # this rank's own work, before the all-reduce in backward
+        loss = (out - target).pow(2).mean()
         optim.zero_grad()
         loss.backward()
-        optim.step()
+        if not skip:
+            optim.step()
         step += 1
         time.sleep(args.step_time)
+        if writer is not None:
+            if rank == 0:
+                writer.step(step, loss=float(loss), tokens=step * 8 * 16, step_time_s=own)
+            else:
+                writer.step(step, step_time_s=own)
+            if skip:
+                injected("loss spike" if step == args.loss_spike_at else "nan", step)
+        if args.megatron_log and rank == 0:
+            _megatron_line(step, args.steps, world, (time.perf_counter() - t0) * 1000, float(loss))
+            if skip:
+                injected("loss spike" if step == args.loss_spike_at else "nan", step)
+        if first and rank == 0 and step == args.ckpt_stall_at and writer is not None:
+            writer.checkpoint_begin(step, ckpt_root / f"step_{step:06d}")
+            injected("checkpoint stall", step)
+            print(f"rank 0 stalls in the save of step {step}", flush=True)
+            time.sleep(3600)
         if rank == 0:
             _atomic_json(run_dir / "progress.json", {"step": step, "time": time.time(),
                                                      "attempt": attempt})
         if step % args.ckpt_every == 0:
             stall = first and rank == 1 and step == args.torn_at
             path = ckpt_root / f"step_{step:06d}"
+            if writer is not None:
+                writer.checkpoint_begin(step, path)
             dcp.save({"model": model.state_dict(), "step": torch.tensor(step)},
                      storage_writer=_StallingWriter(str(path), stall))
+            if writer is not None:
+                writer.checkpoint_end(step, path)
         if first and step == args.pause_at:
             gate, waited = Path(args.gate), 0.0
             while not gate.exists() and waited < 600:

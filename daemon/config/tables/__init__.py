@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from ...errors import ConfigError
 from ...liveness.config import LivenessConfig
+from ...training.config import TrainingConfig
 from ..records import Config, RecoveryConfig
 from ..types import Table, problem, validate
 from .checkpoints import CheckpointsTable, checkpoints_config
@@ -28,6 +29,7 @@ class ConfigFile(Table):
     slurm: SlurmTable = Field(default_factory=SlurmTable)
     recovery: RecoveryTable = Field(default_factory=RecoveryTable)
     liveness: LivenessConfig = Field(default_factory=LivenessConfig)  # strict, frozen: its own record
+    training: TrainingConfig = Field(default_factory=TrainingConfig)  # strict, frozen: its own record
     checkpoints: CheckpointsTable = Field(default_factory=CheckpointsTable)
     drift: DriftTable | None = None  # leave out: no drift scans
     report: ReportTable = Field(default_factory=ReportTable)
@@ -69,6 +71,7 @@ def config_from_toml(doc: dict[str, Any], path: str) -> Config:
         recovery=RecoveryConfig(enabled=r.enabled, settle_s=r.settle, blackhole_failures=r.blackhole_failures,
                                 blackhole_window_s=r.blackhole_window, node_trigger=r.node_trigger),
         liveness=f.liveness,
+        training=f.training,
         checkpoints=checkpoints_config(f.checkpoints),
         report=report_config(f.report),
         metrics=metrics_config(f.metrics),
