@@ -41,6 +41,7 @@ from ..liveness.monitor import LivenessMonitor, RoundReport
 from ..liveness.records import Decision, Target, Verdict
 from ..liveness.slurm_addr import targets_for
 from ..model import Attempt, AttemptState, RunState
+from .relaunch import Relaunch, StepRelauncher
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -55,7 +56,8 @@ class NodeLossWatch:
 
     def __init__(self, store: Store, slurm: SlurmClient, monitor: LivenessMonitor, *,
                  lock: threading.Lock, clock: Clock, wake: Callable[[], None],
-                 settle_s: float) -> None:
+                 settle_s: float, relauncher: StepRelauncher | None = None) -> None:
+        self._relauncher = relauncher
         self._store = store
         self._slurm = slurm
         self._monitor = monitor
@@ -99,6 +101,9 @@ class NodeLossWatch:
     # -- one round -----------------------------------------------------------
 
     def _round(self) -> None:
+        if self._relauncher is not None:
+            with self._lock:
+                self._relauncher.reconcile(self._clock())
         now = self._clock()
         running, nodes = self._nodes_in_use(now)
         targets = self._refresh_targets(nodes, now)
@@ -162,8 +167,10 @@ class NodeLossWatch:
             log.warning("liveness.round_not_counted", note=report.note)
 
     def _act(self, dead: Decision, attempts: list[Attempt], now: datetime) -> None:
-        """Drain the dead node and cancel the attempts still running on it."""
+        """Drain the dead node and cancel the attempts still running on it (or, for a run with
+        a spare left in its allocation, plan a new step there: b300.recovery.relaunch)."""
         reason = f"b300: node dead (b300d checks): {dead.evidence}"[:_REASON_MAX]
+        fall_back: list[Attempt] = []   # --no-kill jobs DOWN does not end: cancelled first
         for attempt in attempts:
             if attempt.slurm_job_id is None:
                 continue
@@ -174,6 +181,14 @@ class NodeLossWatch:
                     data={"job_id": attempt.slurm_job_id, "nodes": [dead.node],
                           "evidence": dead.evidence[:2000]})], now)
                 self._drain_once(dead.node, reason, attempt, now)
+                if self._relauncher is not None:
+                    decision, why = self._relauncher.on_dead(attempt, dead.node, now)
+                    log.warning("liveness.spare_decision", node=dead.node, decision=decision.value,
+                                why=why)
+                    if decision is Relaunch.NO_SPARE:
+                        fall_back.append(attempt)
+        for attempt in fall_back:
+            self._cancel(attempt, dead.node)
         if not attempts:
             self._drain_once(dead.node, reason, None, now)
         try:
