@@ -19,7 +19,12 @@ and is steered by the daemon through two small JSON files in its launch director
 Rules (the fencing that keeps one training step at a time):
 
 - Only the launcher starts steps, and only ever one: before it starts the step of a
-  generation it waits until Slurm lists no ``b300-step`` step of the job at all.
+  generation it waits until Slurm lists no ``b300-step`` step of the job, with one
+  exception: a step whose srun has returned by itself (every task exited or its node
+  failed) and that Slurm still lists only because a node the new plan excludes never
+  reported its end (Slurm 22.05 keeps such a step RUNNING when a task on a healthy node
+  exited before the dead node was set DOWN; ``scancel`` does not clear it, and it holds
+  its CPUs on the healthy nodes, so the new step is started with ``--overlap``).
 - A plan is taken only if it is for this job (``job_id``) and its generation is higher
   than the one running; the daemon never writes a generation that is not higher than the
   one on disk (:func:`write_plan` refuses).
@@ -220,15 +225,25 @@ def decide(running: int, step_rc: int | None, newest: int, ended_for_s: float,
     return Action.EXIT if ended_for_s >= hold_s else Action.WAIT
 
 
-def step_argv(plan: Plan, *, nodes: int, tasks_per_node: int, command: str) -> list[str]:
+def step_argv(plan: Plan, *, nodes: int, tasks_per_node: int, command: str,
+              overlap: bool = False) -> list[str]:
     """The srun command line of a plan's step (the command's ``{resume_from}`` becomes the
-    plan's checkpoint, quoted)."""
+    plan's checkpoint, quoted). ``overlap``: stale steps (:func:`stale_step`) still hold
+    the nodes' CPUs in Slurm's books."""
     argv = ["srun", f"--job-name={STEP_NAME}", f"--nodes={nodes}",
             f"--ntasks={nodes * tasks_per_node}", f"--ntasks-per-node={tasks_per_node}",
             "--kill-on-bad-exit=1"]
+    if overlap:
+        argv.append("--overlap")
     if plan.exclude:
         argv.append(f"--exclude={','.join(plan.exclude)}")
     return [*argv, "bash", "-c", command.replace(RESUME_PLACEHOLDER, shlex.quote(plan.resume_from))]
+
+
+def stale_step(step_nodes: Sequence[str], exclude: Sequence[str], srun_returned: bool) -> bool:
+    """A listed step that holds nothing: its srun returned by itself and it lists a node the
+    plan excludes (a dead node that never reported the step's end)."""
+    return srun_returned and bool(set(step_nodes) & set(exclude))
 
 
 def parse_steps(squeue_out: str, job_id: int) -> list[tuple[str, str]]:
@@ -275,15 +290,30 @@ class Launcher:
             return None
         return parse_steps(out.stdout, self.job_id)
 
-    def wait_no_steps(self) -> bool:
-        """True once Slurm lists no b300 step of this job (bounded by gone_timeout_s)."""
+    def hostnames(self, nodelist: str) -> list[str]:
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                                 text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return out.stdout.split() if out.returncode == 0 else []
+
+    def wait_no_steps(self, exclude: Sequence[str] = (), srun_returned: bool = False
+                      ) -> set[str] | None:
+        """The stale steps (:func:`stale_step`) once Slurm lists no other b300 step of this
+        job (an empty set: none listed at all); None after gone_timeout_s."""
         deadline = self.clock() + self.gone_timeout_s
         while self.clock() < deadline:
             steps = self.steps()
             if steps == []:
-                return True
+                return set()
+            if steps and all(stale_step(self.hostnames(nodes), exclude, srun_returned)
+                             for _, nodes in steps):
+                _say(f"step(s) {', '.join(s for s, _ in steps)} still listed only for node(s) "
+                     f"{','.join(exclude)} that never reported (srun returned): not waiting")
+                return {s for s, _ in steps}
             time.sleep(self.poll_s)
-        return False
+        return None
 
     def newest(self, current: Plan) -> Plan:
         try:
@@ -293,11 +323,11 @@ class Launcher:
             return current
         return plan if plan is not None and plan.generation > current.generation else current
 
-    def start(self, plan: Plan) -> tuple[str, str]:
+    def start(self, plan: Plan, stale: set[str]) -> tuple[str, str]:
         env = {**os.environ, "B300_RESUME_FROM": plan.resume_from,
                "B300_STEP_GENERATION": str(plan.generation)}
         argv = step_argv(plan, nodes=self.nodes, tasks_per_node=self.tasks_per_node,
-                         command=self.command)
+                         command=self.command, overlap=bool(stale))
         write_status(self.folder, Status(self.job_id, plan.generation, "starting"))
         _say(f"generation {plan.generation}: starting the step (exclude "
              f"{','.join(plan.exclude) or 'none'}, resume {plan.resume_from or 'none'})")
@@ -305,7 +335,7 @@ class Launcher:
         step = ("", "")
         deadline = self.clock() + 60
         while self.clock() < deadline and self.proc.poll() is None:
-            steps = self.steps() or []
+            steps = [s for s in self.steps() or [] if s[0] not in stale]
             if steps:
                 step = steps[-1]
                 break
@@ -314,8 +344,9 @@ class Launcher:
                                          nodes=step[1], started_at=time.time()))
         return step
 
-    def stop(self, step_id: str) -> int:
-        """End the running step and wait for srun; its exit code."""
+    def stop(self, step_id: str) -> tuple[int, bool]:
+        """End the running step and wait for srun: its exit code, and whether srun returned
+        by itself (False: it had to be killed, which proves nothing about the step)."""
         assert self.proc is not None
         if step_id:
             subprocess.run(["scancel", "--quiet", step_id], capture_output=True, timeout=30,
@@ -323,10 +354,10 @@ class Launcher:
         else:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=60)
+            return self.proc.wait(timeout=60), True
         except subprocess.TimeoutExpired:
             self.proc.kill()  # srun only; wait_no_steps() still waits for the step itself
-            return self.proc.wait(timeout=30)
+            return self.proc.wait(timeout=30), False
 
     def forward(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -336,14 +367,16 @@ class Launcher:
 
     def run(self, first: Plan) -> int:
         plan = self.newest(first)   # a batch script restarted in the same job takes the plan
+        srun_returned = False
         for _ in range(_MAX_GENERATIONS):
-            if not self.wait_no_steps():
+            stale = self.wait_no_steps(plan.exclude, srun_returned)
+            if stale is None:
                 _say(f"a b300 step of job {self.job_id} is still listed after "
                      f"{self.gone_timeout_s:.0f} s: not starting another")
                 return 1
             if self.terminating:
                 return 143
-            step_id, _nodes = self.start(plan)
+            step_id, _nodes = self.start(plan, stale)
             ended_at: float | None = None
             rc: int | None = None
             while True:
@@ -374,8 +407,10 @@ class Launcher:
                     write_status(self.folder, Status(self.job_id, plan.generation, "stopping",
                                                      step_id=step_id))
                     _say(f"generation {newer.generation} planned: ending step {step_id or '?'}")
-                    rc = self.stop(step_id)
+                    rc, srun_returned = self.stop(step_id)
                     ended_at = self.clock()
+                else:
+                    srun_returned = True   # START: srun returned by itself
                 plan = newer
                 break
         return 1
