@@ -289,3 +289,39 @@ def test_daemon_killed_mid_relaunch_ends_with_one_training_step(
         assert json.loads((tmp_path / "run" / "done.json").read_text())["job_id"] == first["job_id"]
     finally:
         d.cleanup()
+
+
+def test_with_no_spare_left_the_run_resumes_in_a_new_job(
+        tmp_path: Path, slurm_conf: str, node_sshd: Sim, killed: list[str]) -> None:
+    """The first lost node takes the spare; the second leaves fewer healthy nodes than the
+    step needs: today's path (the job cancelled, a new one from the newest checkpoint)."""
+    d = _daemon(tmp_path, slurm_conf, node_sshd)
+    d.start()
+    try:
+        gate = tmp_path / "go"
+        run_id = d.submit(_spec(tmp_path, "--pause-at", "8", "--gate", str(gate)))
+        first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
+        wait_for(lambda: _progress(tmp_path) >= 8, 120, "training to pass step 8")
+        batch_host = first["nodes"][0]
+        v1 = next(n for n in NodeSet(_history(tmp_path)[0]["step_nodes"]) if n != batch_host)
+        _lose(slurm_conf, node_sshd, v1, killed)
+        gate.touch()
+        wait_for(lambda: len(_history(tmp_path)) >= 2, 150, "the step on the spare")
+        g1 = _history(tmp_path)[1]
+        wait_for(lambda: _progress(tmp_path) >= g1["start_step"] + 2, 120, "the spare to train")
+        v2 = next(n for n in NodeSet(g1["step_nodes"]) if n != batch_host)
+        _lose(slurm_conf, node_sshd, v2, killed)
+        status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+        assert status["run"]["state"] == "COMPLETED", status["events"][-6:]
+        a1, a2 = status["attempts"]
+        assert a1["state"] == "CANCELLED" and a2["job_id"] != a1["job_id"]
+        assert len(_events(status, "attempt.step_relaunch")) == 1
+        [classified] = _events(status, "attempt.classified")
+        assert classified["data"]["outcome"] == "INFRA" and classified["data"]["suspects"] == [v2]
+        [resub] = _events(status, "recovery.resubmit")
+        assert v2 in a2["excluded_nodes"] and not {v1, v2} & set(a2["nodes"])
+        last = _history(tmp_path)[-1]
+        assert (last["attempt"], last["generation"], last["job_id"]) == (2, 0, a2["job_id"])
+        assert last["start_step"] == int(Path(resub["data"]["resume_from"]).name.split("_")[1])
+    finally:
+        d.cleanup()

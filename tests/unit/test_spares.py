@@ -179,7 +179,7 @@ def test_a_spare_run_asks_for_nodes_plus_spares_and_runs_the_launcher() -> None:
     assert (plain.nodes, plain.no_kill) == (2, False) and "b300.launcher" not in plain.script
 
 
-def test_cli_backend_passes_no_kill() -> None:
+def test_pyslurm_backend_asks_for_no_kill_too() -> None:
     from b300.slurm.pyslurm_backend import submit_description
 
     spec = parse_spec(_spec_text())
