@@ -94,6 +94,7 @@ class Status:
     nodes: str = ""
     started_at: float = 0.0
     exit_code: int | None = None
+    batch_host: str = ""   # the node running the launcher: its loss ends the job
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -188,7 +189,8 @@ def read_status(folder: str | os.PathLike[str], job_id: int) -> Status | None:
                         nodes=str(data.get("nodes", "")),
                         started_at=float(data.get("started_at", 0.0)),  # type: ignore[arg-type]
                         exit_code=None if data.get("exit_code") is None
-                        else int(data["exit_code"]))  # type: ignore[call-overload]
+                        else int(data["exit_code"]),  # type: ignore[call-overload]
+                        batch_host=str(data.get("batch_host", "")))
     except (KeyError, TypeError, ValueError):
         raise PlanError(f"{Path(folder) / STATUS}: not a launcher status") from None
     return status if status.job_id == job_id else None
@@ -198,7 +200,8 @@ def write_status(folder: str | os.PathLike[str], status: Status) -> None:
     _atomic_write(Path(folder) / STATUS, json.dumps({
         "job_id": status.job_id, "generation": status.generation, "state": status.state,
         "step_id": status.step_id, "nodes": status.nodes, "started_at": status.started_at,
-        "exit_code": status.exit_code}, sort_keys=True) + "\n")
+        "exit_code": status.exit_code, "batch_host": status.batch_host or
+        os.environ.get("SLURMD_NODENAME", "")}, sort_keys=True) + "\n")
 
 
 # -- the launcher's decisions (pure) --------------------------------------------------

@@ -100,6 +100,12 @@ class StepRelauncher:
             current, status = None, None
         if current is not None and node in current.exclude:
             return Relaunch.ALREADY, "planned already"
+        # The launcher's own node (Slurm's batch host: the allocation's first node) ends
+        # the job with it; nothing in the job can take over.
+        batch_host = (status.batch_host if status is not None and status.batch_host
+                      else attempt.nodes[0] if attempt.nodes else "")
+        if node == batch_host:
+            return Relaunch.NO_SPARE, f"{node} runs the job's launcher (its batch host)"
         gen_now = max([current.generation if current else 0,
                        *(int(e.data.get("generation", 0)) for e in intents)])
         if (status is not None and status.state == "running" and status.generation == gen_now
@@ -174,13 +180,18 @@ class StepRelauncher:
                    if a.state is AttemptState.RUNNING and a.slurm_job_id is not None]
         if not running:
             return
+        # One query a round for every running attempt (none older than the oldest of them).
+        ids = {a.id for a in running}
+        mine = [e for e in self._store.events(
+                    kinds=[Kind.ATTEMPT_STEP_RELAUNCH, Kind.ATTEMPT_STEP_STARTED],
+                    since=min(a.created_at for a in running))
+                if e.attempt_id in ids]
         started = {(e.attempt_id, int(e.data.get("generation", -1)))
-                   for e in self._store.events(kinds=[Kind.ATTEMPT_STEP_STARTED])
-                   if e.attempt_id in {a.id for a in running}}
+                   for e in mine if e.kind == Kind.ATTEMPT_STEP_STARTED}
         for attempt in running:
             assert attempt.slurm_job_id is not None
-            intents = [e for e in relaunches(self._store, attempt.run_id)
-                       if e.attempt_id == attempt.id]
+            intents = [e for e in mine
+                       if e.kind == Kind.ATTEMPT_STEP_RELAUNCH and e.attempt_id == attempt.id]
             if not intents:
                 continue
             self._finish_plans(attempt, intents)

@@ -252,6 +252,19 @@ def test_an_idle_spare_that_dies_is_not_a_relaunch(store: Store, tmp_path: Path)
     assert r.on_dead(attempt, "gpu02", T0)[0] is Relaunch.RELAUNCHED
 
 
+def test_the_batch_hosts_loss_is_not_a_relaunch(store: Store, tmp_path: Path) -> None:
+    attempt = _running(store, tmp_path, ["gpu01", "gpu02", "gpu03"])
+    r = StepRelauncher(store, lambda: T0, log_dir=str(tmp_path / "logs"))
+    decision, why = r.on_dead(attempt, "gpu01", T0)   # no status yet: the first node
+    assert decision is Relaunch.NO_SPARE and "batch host" in why
+    os.makedirs(r.folder(attempt))
+    lf.write_status(r.folder(attempt), lf.Status(40, 0, "running", "40.0", "gpu[02-03]",
+                                                 batch_host="gpu02"))
+    assert r.on_dead(attempt, "gpu02", T0)[0] is Relaunch.NO_SPARE
+    assert r.on_dead(attempt, "gpu01", T0)[0] is Relaunch.NOT_IN_STEP
+    assert not relaunches(store, "r1")
+
+
 def test_relaunches_spend_the_infra_budget(store: Store, tmp_path: Path) -> None:
     attempt = _running(store, tmp_path, [f"gpu0{i}" for i in range(1, 7)],
                        extra="spare_nodes = 4\n")   # plenty of spares, infra = 2
