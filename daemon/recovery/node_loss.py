@@ -20,6 +20,10 @@ for a node confirmed dead it
    newest verified checkpoint without it. The drain set first stays when the node
    comes back (DOWN+DRAIN), until an operator or the drift scan resumes it.
 
+   A run with ``spare_nodes`` and a spare left gets a new step in the same job instead
+   (:mod:`b300.recovery.relaunch`); with none left its job is cancelled first (it runs
+   ``--no-kill``: DOWN alone would not end it).
+
 A job that failed with peer/NCCL evidence gets its nodes checked the same way:
 recovery asks :meth:`node_health` instead of waiting blind for Slurm to name a node.
 The probing runs outside the daemon's action lock; acting takes it.
@@ -181,12 +185,9 @@ class NodeLossWatch:
                     data={"job_id": attempt.slurm_job_id, "nodes": [dead.node],
                           "evidence": dead.evidence[:2000]})], now)
                 self._drain_once(dead.node, reason, attempt, now)
-                if self._relauncher is not None:
-                    decision, why = self._relauncher.on_dead(attempt, dead.node, now)
-                    log.warning("liveness.spare_decision", node=dead.node, decision=decision.value,
-                                why=why)
-                    if decision is Relaunch.NO_SPARE:
-                        fall_back.append(attempt)
+                if self._relauncher is not None and self._relaunch(attempt, dead.node, now) \
+                        is Relaunch.NO_SPARE:
+                    fall_back.append(attempt)
         for attempt in fall_back:
             self._cancel(attempt, dead.node)
         if not attempts:
@@ -201,6 +202,18 @@ class NodeLossWatch:
         else:
             log.warning("liveness.node_down", node=dead.node, attempts=[a.slurm_job_id for a in attempts],
                         why="confirmed dead: Slurm ends its jobs now")
+
+    def _relaunch(self, attempt: Attempt, node: str, now: datetime) -> Relaunch:
+        """The spare decision for one attempt; a failure in it falls back to today's path."""
+        assert self._relauncher is not None
+        try:
+            decision, why = self._relauncher.on_dead(attempt, node, now)
+        except Exception:
+            log.exception("liveness.relaunch_failed", node=node, action="cancelling the job instead")
+            return Relaunch.NO_SPARE
+        if decision is not Relaunch.NOT_SPARE:
+            log.warning("liveness.spare_decision", node=node, decision=decision.value, why=why)
+        return decision
 
     def _cancel(self, attempt: Attempt, node: str) -> None:
         if attempt.slurm_job_id is None:
