@@ -275,6 +275,11 @@ def test_relaunches_spend_the_infra_budget(store: Store, tmp_path: Path) -> None
     assert decision is Relaunch.NO_SPARE and "retry budget spent (2)" in why
     assert lf.read_plan(r.folder(attempt), 40).generation == 2  # type: ignore[union-attr]
     assert retries_used(store.attempts("r1")) == (0, 0) and len(relaunches(store, "r1")) == 2
+    from b300.health import CycleSnapshot
+    from b300.metrics import collect_metrics
+
+    m = collect_metrics(store, CycleSnapshot(1, 0, 0.1, 0.0, None, 0), T0)
+    assert (m.step_relaunches_total, m.recoveries_total) == (2, 0)
 
 
 def test_a_run_without_spares_takes_todays_path(store: Store, tmp_path: Path) -> None:
