@@ -130,7 +130,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_PROGRESS: frozenset({"step", "last"}),
     Kind.ATTEMPT_NODE_LOST: frozenset({"job_id", "nodes", "evidence"}),
     Kind.ATTEMPT_STEP_RELAUNCH: frozenset({"job_id", "generation", "exclude", "outcome", "resume_from",
-                                           "suspects", "checkpoints_checked", "spares_left"}),
+                                           "suspects", "checkpoints_checked", "spares_left", "cause"}),
     Kind.ATTEMPT_STEP_STARTED: frozenset({"job_id", "generation", "step_id", "nodes", "exclude"}),
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),

@@ -70,15 +70,17 @@ class StepRelauncher:
         self._clock = clock
         self._log_dir = log_dir
         self._plugins = plugins
+        self._drift_seen: set[tuple[int, str, int]] = set()
 
     def folder(self, attempt: Attempt) -> str:
         return launch_dir(self._log_dir, attempt.run_id, attempt.number)
 
     # -- a node confirmed dead ------------------------------------------------------
 
-    def on_dead(self, attempt: Attempt, node: str, now: datetime) -> tuple[Relaunch, str]:
-        """Decide (and record, and plan) for one running attempt on a dead node; the
-        decision and why, in words."""
+    def on_dead(self, attempt: Attempt, node: str, now: datetime, *,
+                cause: str = "dead") -> tuple[Relaunch, str]:
+        """Decide (and record, and plan) for one running attempt on a dead node (``cause``
+        "dead") or one drained for version drift ("drift"); the decision and why, in words."""
         if attempt.slurm_job_id is None:
             return Relaunch.NOT_SPARE, "no job id"
         try:
@@ -111,8 +113,10 @@ class StepRelauncher:
         if (status is not None and status.state == "running" and status.generation == gen_now
                 and status.nodes and node not in _expand(status.nodes)):
             return Relaunch.NOT_IN_STEP, f"{node} is not in step {status.step_id} ({status.nodes})"
+        # Nodes of the job drained for drift are no place for the new step either.
+        drifted = set(self._store.drift.drained_nodes()) & set(attempt.nodes)
         exclude = sorted({*(current.exclude if current else ()),
-                          *(n for e in intents for n in e.data.get("exclude", ())), node})
+                          *(n for e in intents for n in e.data.get("exclude", ())), node, *drifted})
         healthy = [n for n in attempt.nodes if n not in exclude]
         if len(healthy) < spec.nodes:
             return Relaunch.NO_SPARE, (f"{len(healthy)} healthy node(s) left in job {job_id}, "
@@ -121,26 +125,30 @@ class StepRelauncher:
         used = infra + len(relaunches(self._store, attempt.run_id))
         if used + 1 > spec.retries.infra:
             return Relaunch.NO_SPARE, f"infrastructure retry budget spent ({spec.retries.infra})"
-        return Relaunch.RELAUNCHED, self._plan(attempt, spec, node, exclude, gen_now, healthy, now)
+        return Relaunch.RELAUNCHED, self._plan(attempt, spec, node, exclude, gen_now, healthy, now,
+                                               cause)
 
     def _plan(self, attempt: Attempt, spec: JobSpec, node: str, exclude: Sequence[str],
-              gen_now: int, healthy: Sequence[str], now: datetime) -> str:
+              gen_now: int, healthy: Sequence[str], now: datetime, cause: str) -> str:
         assert attempt.slurm_job_id is not None
         resume, checked = newest_verified(spec, self._plugins)
         generation = gen_now + 1
         data = {"job_id": attempt.slurm_job_id, "generation": generation, "exclude": list(exclude),
                 "outcome": "INFRA", "resume_from": resume, "suspects": [node],
-                "checkpoints_checked": checked, "spares_left": len(healthy) - spec.nodes}
+                "checkpoints_checked": checked, "spares_left": len(healthy) - spec.nodes,
+                "cause": cause}
         # The intent first (as a resubmission's is): a crash before the plan is on disk is
-        # finished by reconcile(); the strike counts for the black-hole rule as a failure does.
-        self._store.append_events([
+        # finished by reconcile(); a dead node's strike counts for the black-hole rule as a
+        # failure does (drift is no strike, as without spares).
+        strikes = [] if cause == "drift" else [
             NewEvent(Kind.NODE_FAILED, run_id=attempt.run_id, attempt_id=attempt.id, node=node,
-                     data={"job_id": attempt.slurm_job_id, "outcome": "INFRA"}),
-            NewEvent(Kind.ATTEMPT_STEP_RELAUNCH, run_id=attempt.run_id, attempt_id=attempt.id,
-                     actor="recovery", data=data)], now)
+                     data={"job_id": attempt.slurm_job_id, "outcome": "INFRA"})]
+        self._store.append_events([*strikes, NewEvent(
+            Kind.ATTEMPT_STEP_RELAUNCH, run_id=attempt.run_id, attempt_id=attempt.id,
+            actor="recovery", data=data)], now)
         crashpoint("relaunch_recorded")
         self._write(attempt, data)
-        log.warning("relaunch.planned", generation=generation, exclude=list(exclude),
+        log.warning("relaunch.planned", generation=generation, exclude=list(exclude), cause=cause,
                     resume_from=resume, spares_left=len(healthy) - spec.nodes)
         return f"generation {generation}, resume {resume or 'from scratch'}"
 
@@ -174,12 +182,38 @@ class StepRelauncher:
 
     # -- every round ------------------------------------------------------------------
 
+    def _off_drift(self, running: Sequence[Attempt], now: datetime) -> None:
+        """A node of a running spare step drained for drift (b300.drift): relaunch without it.
+        With no spare left the step stays where it is, as a drift drain leaves a job without
+        spares (it only keeps new jobs off the node)."""
+        drifted = self._store.drift.drained_nodes()
+        if not drifted:
+            return
+        for attempt in running:
+            assert attempt.slurm_job_id is not None
+            try:
+                status = lf.read_status(self.folder(attempt), attempt.slurm_job_id)
+            except lf.PlanError:
+                continue
+            if status is None or status.state != "running":
+                continue
+            for node in _expand(status.nodes):
+                key = (attempt.id, node, status.generation)
+                if node not in drifted or key in self._drift_seen:
+                    continue
+                decision, why = self.on_dead(attempt, node, now, cause="drift")
+                if decision is not Relaunch.RELAUNCHED:
+                    self._drift_seen.add(key)   # said once, not every round
+                log.warning("relaunch.drift", node=node, decision=decision.value, why=why)
+
     def reconcile(self, now: datetime) -> None:
-        """Finish planned generations missing on disk; record each started step once."""
+        """Finish planned generations missing on disk; record each started step once; move
+        a step off a node drained for drift while it runs (when a spare is left)."""
         running = [a for a in self._store.active_attempts()
                    if a.state is AttemptState.RUNNING and a.slurm_job_id is not None]
         if not running:
             return
+        self._off_drift(running, now)
         # One query a round for every running attempt (none older than the oldest of them).
         ids = {a.id for a in running}
         mine = [e for e in self._store.events(

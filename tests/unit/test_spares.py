@@ -311,3 +311,32 @@ def test_reconcile_writes_a_recorded_plan_and_records_the_started_step(
     r2.reconcile(T0)
     [started] = store.events(run_id="r1", kinds=[Kind.ATTEMPT_STEP_STARTED])
     assert started.data["nodes"] == ["gpu01", "gpu03"] and started.data["step_id"] == "40.1"
+
+
+def test_a_node_drained_for_drift_under_the_step_is_relaunched_off(
+        store: Store, tmp_path: Path) -> None:
+    attempt = _running(store, tmp_path, ["gpu01", "gpu02", "gpu03", "gpu04"],
+                       extra="spare_nodes = 2\n")
+    r = StepRelauncher(store, lambda: T0, log_dir=str(tmp_path / "logs"))
+    folder = r.folder(attempt)
+    os.makedirs(folder)
+    lf.write_status(folder, lf.Status(40, 0, "running", "40.0", "gpu[01-02]", batch_host="gpu01"))
+    store.drift.mark_drained("gpu04", "b300 drift: nccl", T0)   # an idle spare: nothing to move
+    r.reconcile(T0)
+    assert lf.read_plan(folder, 40) is None
+    store.drift.mark_drained("gpu02", "b300 drift: nccl", T0)
+    r.reconcile(T0)
+    r.reconcile(T0)   # a second round: still the one relaunch
+    plan = lf.read_plan(folder, 40)
+    # Neither drifted node is a place for the new step.
+    assert plan is not None and (plan.generation, plan.exclude) == (1, ("gpu02", "gpu04"))
+    [ev] = relaunches(store, "r1")
+    assert ev.data["cause"] == "drift" and ev.data["spares_left"] == 0
+    assert not store.events(run_id="r1", kinds=[Kind.NODE_FAILED])   # drift is no strike
+    # The new step runs on gpu01 and gpu03; gpu03 drifts too: no spare left, the step stays.
+    lf.write_status(folder, lf.Status(40, 1, "running", "40.1", "gpu[01,03]", batch_host="gpu01"))
+    store.drift.mark_drained("gpu03", "b300 drift: nccl", T0)
+    r.reconcile(T0)
+    r.reconcile(T0)
+    assert lf.read_plan(folder, 40) == plan and len(relaunches(store, "r1")) == 1
+    assert (attempt.id, "gpu03", 1) in r._drift_seen   # decided once, not every round
