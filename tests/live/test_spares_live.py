@@ -325,3 +325,39 @@ def test_with_no_spare_left_the_run_resumes_in_a_new_job(
         assert last["start_step"] == int(Path(resub["data"]["resume_from"]).name.split("_")[1])
     finally:
         d.cleanup()
+
+
+def test_a_step_node_drained_for_drift_is_left_for_the_spare(
+        tmp_path: Path, slurm_conf: str, node_sshd: Sim) -> None:
+    """A node of the running step gets another NCCL: the drift scan drains it, and the step
+    moves to the spare in the same job (the node is alive: the old step ends cleanly)."""
+    d = _daemon(tmp_path, slurm_conf, node_sshd)
+    d.start()
+    victim = ""
+    try:
+        with TrainingCounter(str(tmp_path)) as counter:
+            gate = tmp_path / "go"
+            run_id = d.submit(_spec(tmp_path, "--pause-at", "8", "--gate", str(gate)))
+            first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
+            wait_for(lambda: _progress(tmp_path) >= 8, 120, "training to pass step 8")
+            victim = next(n for n in NodeSet(_history(tmp_path)[0]["step_nodes"])
+                          if n != first["nodes"][0])
+            node_sshd.nodes[victim].set_nccl("2.21.5")
+            d.ctl("drift", "scan")
+            gate.touch()
+            wait_for(lambda: len(_history(tmp_path)) >= 2, 150, "a step without the drifted node")
+            status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+        assert status["run"]["state"] == "COMPLETED", status["events"][-6:]
+        [attempt] = status["attempts"]
+        assert attempt["job_id"] == first["job_id"]
+        assert (counter.most_steps, counter.most_ranks) == (1, 2), vars(counter)
+        [relaunch] = _events(status, "attempt.step_relaunch")
+        assert relaunch["data"]["cause"] == "drift" and relaunch["data"]["exclude"] == [victim]
+        g0, g1 = _history(tmp_path)
+        assert victim not in NodeSet(g1["step_nodes"]) and g1["job_id"] == g0["job_id"]
+        assert g1["start_step"] == int(Path(relaunch["data"]["resume_from"]).name.split("_")[1])
+    finally:
+        d.cleanup()
+        if victim:
+            node_sshd.nodes[victim].set_nccl("2.23.4")
+            slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
