@@ -75,7 +75,7 @@ class StepRelauncher:
     def folder(self, attempt: Attempt) -> str:
         return launch_dir(self._log_dir, attempt.run_id, attempt.number)
 
-    # -- a node confirmed dead ------------------------------------------------------
+    # -- a node lost: confirmed dead, or drained for drift ---------------------------
 
     def on_dead(self, attempt: Attempt, node: str, now: datetime, *,
                 cause: str = "dead") -> tuple[Relaunch, str]:
