@@ -277,6 +277,7 @@ class Launcher:
         self.hold_s, self.poll_s, self.gone_timeout_s = hold_s, poll_s, gone_timeout_s
         self.clock = clock
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
         self.terminating = False
 
     # Slurm's view of the job's steps.
@@ -343,8 +344,9 @@ class Launcher:
                 step = steps[-1]
                 break
             time.sleep(self.poll_s)
+        self.started_at = time.time()   # Slurm lists the step (or srun already returned)
         write_status(self.folder, Status(self.job_id, plan.generation, "running", step_id=step[0],
-                                         nodes=step[1], started_at=time.time()))
+                                         nodes=step[1], started_at=self.started_at))
         return step
 
     def stop(self, step_id: str) -> tuple[int, bool]:
@@ -403,7 +405,8 @@ class Launcher:
                 if action is Action.EXIT:
                     code = rc if rc is not None else 1
                     write_status(self.folder, Status(self.job_id, plan.generation, "ended",
-                                                     step_id=step_id, exit_code=code))
+                                                     step_id=step_id, exit_code=code,
+                                                     started_at=self.started_at))
                     _say(f"generation {plan.generation}: the step ended (exit {code})")
                     return code
                 if action is Action.STOP:

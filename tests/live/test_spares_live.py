@@ -247,9 +247,11 @@ def test_a_lost_node_trains_again_on_the_spare_in_the_same_job(
         out = slurm_cmd(slurm_conf, "squeue", "--noheader", f"--jobs={busy[0]}", "--format=%T")
         assert out.strip() == "RUNNING"
         confirmed = datetime.fromisoformat(relaunch["ts"]).timestamp()
-        seen = datetime.fromisoformat(started["ts"]).timestamp()
+        [status_file] = (tmp_path / "state" / "job-logs" / "launch").glob("*/status.json")
+        final = json.loads(status_file.read_text())
+        assert (final["generation"], final["state"], final["exit_code"]) == (1, "ended", 0)
         print(f"\nspare relaunch: node killed -> confirmed dead {confirmed - lost_at:.1f} s; "
-              f"confirmed dead -> new step running {seen - confirmed:.1f} s (as the daemon saw it), "
+              f"confirmed dead -> new step listed by Slurm {final['started_at'] - confirmed:.1f} s; "
               f"-> training again (checkpoint loaded) {g1['time'] - confirmed:.1f} s")
     finally:
         d.cleanup()
