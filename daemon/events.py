@@ -38,6 +38,9 @@ class Kind(enum.StrEnum):
     ATTEMPT_HANG = "attempt.hang"
     ATTEMPT_PROGRESS = "attempt.progress"
     ATTEMPT_NODE_LOST = "attempt.node_lost"
+    # in-allocation restart (spare_nodes): a new training step in the same Slurm job
+    ATTEMPT_STEP_RELAUNCH = "attempt.step_relaunch"
+    ATTEMPT_STEP_STARTED = "attempt.step_started"
     EXCLUSIONS_ENDED = "exclusions.ended"
     EXCLUSIONS_TRIMMED = "exclusions.trimmed"
     # recovery
@@ -147,6 +150,9 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_HANG: frozenset({"job_id", "last_step", "stalled_s", "progress_file"}),
     Kind.ATTEMPT_PROGRESS: frozenset({"step", "last"}),
     Kind.ATTEMPT_NODE_LOST: frozenset({"job_id", "nodes", "evidence"}),
+    Kind.ATTEMPT_STEP_RELAUNCH: frozenset({"job_id", "generation", "exclude", "outcome", "resume_from",
+                                           "suspects", "checkpoints_checked", "spares_left", "cause"}),
+    Kind.ATTEMPT_STEP_STARTED: frozenset({"job_id", "generation", "step_id", "nodes", "exclude"}),
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
     Kind.RECOVERY_WAITING: frozenset({"why", "log"}),

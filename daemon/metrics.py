@@ -69,6 +69,7 @@ class MetricsSnapshot:
     # the findings recorded per (run, event kind).
     training: dict[str, RunFigures] = field(default_factory=dict)
     training_findings: dict[tuple[str, str], int] = field(default_factory=dict)
+    step_relaunches_total: int = 0   # in-allocation restarts (spare_nodes)
 
 
 #: The per-run schedule gauges: (key in ``checkpoint_schedule``, metric name, HELP).
@@ -115,6 +116,8 @@ def metric_families(m: MetricsSnapshot) -> list[Metric]:
         runs.add_metric([state.value], m.runs_by_state.get(state.value, 0))
     out += [runs,
             _counter("b300_recoveries_total", "automatic resubmissions by recovery", m.recoveries_total),
+            _counter("b300_step_relaunches_total", "training steps relaunched on a spare node in the "
+                     "same job (spare_nodes)", m.step_relaunches_total),
             _gauge("b300_nodes_drained", "nodes in a DRAIN state as last seen", m.nodes_drained)]
     if m.drift_findings_open is not None:
         out.append(_gauge("b300_drift_findings_open", "open version drift findings", m.drift_findings_open))
@@ -246,6 +249,7 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         for e in store.events(kinds=[*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM]):
             key = (e.run_id or "", e.kind.removeprefix("training."))
             findings[key] = findings.get(key, 0) + 1
+        relaunched = len(store.events(kinds=[Kind.ATTEMPT_STEP_RELAUNCH]))
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
@@ -289,7 +293,8 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         log.warning("metrics.store_failed", error=str(exc))
         return MetricsSnapshot(cycle=cycle, store_up=False)
     return MetricsSnapshot(cycle, True, by_state, recoveries, drained, drift_open, ages, lags,
-                           checkpoint_schedule=schedules, training_findings=findings)
+                           checkpoint_schedule=schedules, training_findings=findings,
+                           step_relaunches_total=relaunched)
 
 
 def _schedule_figures(s: RunSchedule) -> dict[str, float]:

@@ -228,6 +228,7 @@ class SubmitRequest:
     workdir: str | None = None
     ntasks_per_node: int | None = None
     requeue: bool = False
+    no_kill: bool = False  # sbatch --no-kill: a failed node leaves the job, the job goes on
 
 
 @dataclass(frozen=True, slots=True)

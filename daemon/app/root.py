@@ -33,6 +33,7 @@ from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
 from ..recovery.recoverer import Recoverer, job_log_path
+from ..recovery.relaunch import StepRelauncher
 from ..run_actions import RunActions
 from ..spec import spec_of
 from ..training.watch import TrainingWatch
@@ -90,7 +91,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         except Exception:  # the scheduler may be starting or shutting down
             log.debug("wake.skipped")
 
-    node_loss = _node_loss_watch(config, store, slurm, lock, clock, wake) if recovery_on else None
+    node_loss = _node_loss_watch(config, store, slurm, lock, clock, wake, plugins) \
+        if recovery_on else None
     if recovery_on:
         recoverer = Recoverer(store, slurm, actions, clock, config.recovery,
                               job_log_dir=config.job_log_dir,
@@ -163,7 +165,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
 
 
 def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: threading.Lock,
-                     clock: Callable[[], datetime], wake: Callable[[], None]) -> NodeLossWatch | None:
+                     clock: Callable[[], datetime], wake: Callable[[], None],
+                     plugins: PluginRegistry) -> NodeLossWatch | None:
     """Active failure detection, when ``[liveness]`` is on and nodes can be reached over SSH
     (the confirmation check uses ``[drift]``'s SSH settings and node addresses)."""
     cfg = config.liveness
@@ -181,8 +184,10 @@ def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: thr
                               SshConfirmer(confirm_runner(config.drift.ssh, config.drift.endpoints(), cfg)))
     log.info("liveness.on", interval_s=cfg.interval_s, misses_to_suspect=cfg.misses_to_suspect,
              confirm_window_s=cfg.confirm_window_s)
+    # Runs with spare_nodes get a new step in the same job instead (b300.recovery.relaunch).
+    relauncher = StepRelauncher(store, clock, log_dir=config.job_log_dir, plugins=plugins)
     return NodeLossWatch(store, slurm, monitor, lock=lock, clock=clock, wake=wake,
-                         settle_s=config.recovery.settle_s)
+                         settle_s=config.recovery.settle_s, relauncher=relauncher)
 
 
 def _detect_window_s(config: Config) -> float:

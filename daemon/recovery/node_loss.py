@@ -20,6 +20,10 @@ for a node confirmed dead it
    newest verified checkpoint without it. The drain set first stays when the node
    comes back (DOWN+DRAIN), until an operator or the drift scan resumes it.
 
+   A run with ``spare_nodes`` and a spare left gets a new step in the same job instead
+   (:mod:`b300.recovery.relaunch`); with none left its job is cancelled first (it runs
+   ``--no-kill``: DOWN alone would not end it).
+
 A job that failed with peer/NCCL evidence gets its nodes checked the same way:
 recovery asks :meth:`node_health` instead of waiting blind for Slurm to name a node.
 The probing runs outside the daemon's action lock; acting takes it.
@@ -41,6 +45,7 @@ from ..liveness.monitor import LivenessMonitor, RoundReport
 from ..liveness.records import Decision, Target, Verdict
 from ..liveness.slurm_addr import targets_for
 from ..model import Attempt, AttemptState, RunState
+from .relaunch import Relaunch, StepRelauncher
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -55,7 +60,8 @@ class NodeLossWatch:
 
     def __init__(self, store: Store, slurm: SlurmClient, monitor: LivenessMonitor, *,
                  lock: threading.Lock, clock: Clock, wake: Callable[[], None],
-                 settle_s: float) -> None:
+                 settle_s: float, relauncher: StepRelauncher | None = None) -> None:
+        self._relauncher = relauncher
         self._store = store
         self._slurm = slurm
         self._monitor = monitor
@@ -99,6 +105,9 @@ class NodeLossWatch:
     # -- one round -----------------------------------------------------------
 
     def _round(self) -> None:
+        if self._relauncher is not None:
+            with self._lock:
+                self._relauncher.reconcile(self._clock())
         now = self._clock()
         running, nodes = self._nodes_in_use(now)
         targets = self._refresh_targets(nodes, now)
@@ -162,8 +171,10 @@ class NodeLossWatch:
             log.warning("liveness.round_not_counted", note=report.note)
 
     def _act(self, dead: Decision, attempts: list[Attempt], now: datetime) -> None:
-        """Drain the dead node and cancel the attempts still running on it."""
+        """Drain the dead node and cancel the attempts still running on it (or, for a run with
+        a spare left in its allocation, plan a new step there: b300.recovery.relaunch)."""
         reason = f"b300: node dead (b300d checks): {dead.evidence}"[:_REASON_MAX]
+        fall_back: list[Attempt] = []   # --no-kill jobs DOWN does not end: cancelled first
         for attempt in attempts:
             if attempt.slurm_job_id is None:
                 continue
@@ -174,6 +185,11 @@ class NodeLossWatch:
                     data={"job_id": attempt.slurm_job_id, "nodes": [dead.node],
                           "evidence": dead.evidence[:2000]})], now)
                 self._drain_once(dead.node, reason, attempt, now)
+                if self._relauncher is not None and self._relaunch(attempt, dead.node, now) \
+                        is Relaunch.NO_SPARE:
+                    fall_back.append(attempt)
+        for attempt in fall_back:
+            self._cancel(attempt, dead.node)
         if not attempts:
             self._drain_once(dead.node, reason, None, now)
         try:
@@ -186,6 +202,18 @@ class NodeLossWatch:
         else:
             log.warning("liveness.node_down", node=dead.node, attempts=[a.slurm_job_id for a in attempts],
                         why="confirmed dead: Slurm ends its jobs now")
+
+    def _relaunch(self, attempt: Attempt, node: str, now: datetime) -> Relaunch:
+        """The spare decision for one attempt; a failure in it falls back to today's path."""
+        assert self._relauncher is not None
+        try:
+            decision, why = self._relauncher.on_dead(attempt, node, now)
+        except Exception:
+            log.exception("liveness.relaunch_failed", node=node, action="cancelling the job instead")
+            return Relaunch.NO_SPARE
+        if decision is not Relaunch.NOT_SPARE:
+            log.warning("liveness.spare_decision", node=node, decision=decision.value, why=why)
+        return decision
 
     def _cancel(self, attempt: Attempt, node: str) -> None:
         if attempt.slurm_job_id is None:

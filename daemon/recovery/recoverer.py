@@ -58,6 +58,7 @@ from .classify import (
 )
 from .exclusions import Exclusion
 from .node_loss import node_lost
+from .relaunch import relaunches
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -154,6 +155,7 @@ class Recoverer:
                              f"{outcome.value}: not resubmitted", now)
                 return True
             infra, preempt = retries_used(attempts)
+            infra += len(relaunches(self._store, run.id))  # in-allocation restarts count too
             if outcome is Outcome.PREEMPTED and preempt > spec.retries.preemption:
                 self._finish(run, RunState.FAILED, f"preemption retry budget spent "
                              f"({spec.retries.preemption})", now, alert=True)

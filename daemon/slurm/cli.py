@@ -131,6 +131,8 @@ class CliSlurmClient:
         if request.excluded_nodes:
             argv.append(f"--exclude={fold_nodes(request.excluded_nodes)}")
         argv.append("--requeue" if request.requeue else "--no-requeue")
+        if request.no_kill:
+            argv.append("--no-kill")
         # The script comes on stdin: nothing is written to a shared folder.
         return parse_sbatch(self._call(argv, stdin=request.script, env=self._job_env))
 

@@ -302,6 +302,7 @@ def submit_description(request: SubmitRequest, environment: Mapping[str, str]) -
         "standard_output": request.output, "working_directory": request.workdir,
         "excluded_nodes": [check_node_name(n) for n in request.excluded_nodes] or None,
         "is_requeueable": request.requeue, "environment": dict(environment),
+        "kill_on_node_fail": False if request.no_kill else None,
     }
     return {k: v for k, v in desc.items() if v is not None and v != ""}
 

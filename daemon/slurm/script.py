@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import sys
 
 from ..model import SubmitRequest
 from ..spec import JobSpec
@@ -16,8 +18,19 @@ def attempt_tag(run_id: str, number: int) -> str:
     return f"b300-{run_id}-a{number}"
 
 
+#: Seconds a failed step of a spare run waits for the daemon's next plan (b300.launcher
+#: ``--hold``): longer than the liveness checks need to confirm the peer that killed it dead.
+LAUNCHER_HOLD_S = 60
+
+
+def launch_dir(log_dir: str, run_id: str, attempt: int) -> str:
+    """The folder an attempt's launcher and the daemon share (plan.json, status.json)."""
+    return os.path.join(log_dir, "launch", attempt_tag(run_id, attempt))
+
+
 def render_script(
-    spec: JobSpec, *, run_id: str, attempt: int, resume_from: str | None
+    spec: JobSpec, *, run_id: str, attempt: int, resume_from: str | None,
+    launch_folder: str | None = None,
 ) -> str:
     """The batch script for one attempt.
 
@@ -42,6 +55,16 @@ def render_script(
         # For b300.training.progress.ProgressWriter.from_env (``{host}``/``{rank}`` kept).
         lines.append(f"export B300_PROGRESS_FILE={shlex.quote(spec.health.progress_file)}")
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
+    if spec.spare_nodes:
+        if launch_folder is None:
+            raise ValueError("a run with spare_nodes needs the daemon's job_log_dir")
+        # The launcher (b300.launcher) runs the command as a step on spec.nodes of the
+        # allocation's nodes and relaunches it when the daemon plans so.
+        argv = [sys.executable, "-m", "b300.launcher", "--dir", launch_folder,
+                "--nodes", str(spec.nodes), "--ntasks-per-node", str(spec.ntasks_per_node or 1),
+                "--hold", str(LAUNCHER_HOLD_S), "--command", spec.command]
+        lines += ["", "exec " + " ".join(shlex.quote(a) for a in argv), ""]
+        return "\n".join(lines)
     command = spec.command.replace(RESUME_PLACEHOLDER, shlex.quote(resume))
     lines += ["", command.rstrip("\n"), ""]
     return "\n".join(lines)
@@ -112,8 +135,10 @@ def build_request(
     return SubmitRequest(
         job_name=attempt_tag(run_id, attempt),
         comment=f"b300 run={run_id} attempt={attempt} name={spec.name}",
-        script=render_script(spec, run_id=run_id, attempt=attempt, resume_from=resume_from),
-        nodes=spec.nodes,
+        script=render_script(spec, run_id=run_id, attempt=attempt, resume_from=resume_from,
+                             launch_folder=launch_dir(log_dir, run_id, attempt)
+                             if spec.spare_nodes and log_dir else None),
+        nodes=spec.nodes + spec.spare_nodes,
         gpus_per_node=spec.gpus_per_node,
         partition=spec.partition,
         time_limit=spec.time_limit,
@@ -124,4 +149,5 @@ def build_request(
         workdir=spec.workdir,
         ntasks_per_node=spec.ntasks_per_node,
         requeue=spec.requeue,
+        no_kill=spec.spare_nodes > 0,
     )

@@ -100,6 +100,9 @@ class JobSpec:
     output: str | None = None
     requeue: bool = False
     environment: tuple[tuple[str, str], ...] = ()
+    #: Spare nodes inside the allocation (issue 15): the job asks for nodes + spare_nodes
+    #: with ``--no-kill`` and b300.launcher runs ``command`` as a step on ``nodes`` of them.
+    spare_nodes: int = 0
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     retries: RetryPolicy = field(default_factory=RetryPolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)

@@ -63,6 +63,7 @@ class JobTable(Table):
     workdir: AbsPath | None = None
     output: AbsPath | None = None
     requeue: bool = False
+    spare_nodes: Annotated[int, Field(ge=0, le=1024)] = 0
     environment: dict[Annotated[str, AfterValidator(_env_key)], Text] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -55,6 +55,10 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
     f = validate(SpecFile, doc, where, SpecError)
     job, ckpt, retries, health = f.job, f.checkpoint, f.retries, f.health
     command = job.command if job.script is None else _read_script(job.script, f"{where}: [job]", base_dir)
+    if job.spare_nodes and _runs_srun(command or ""):
+        what = "command" if job.script is None else f"script {job.script!r}"
+        raise SpecError(f"{where}: [job] {what}: with spare_nodes it is what each task runs "
+                        "and b300's launcher starts it with srun; remove the srun")
     return JobSpec(
         name=f.name,
         command=command or "",
@@ -68,6 +72,7 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         workdir=job.workdir,
         output=job.output,
         requeue=job.requeue,
+        spare_nodes=job.spare_nodes,
         environment=tuple(sorted(job.environment.items())),
         checkpoint=CheckpointPolicy(dir=ckpt.dir, layout=ckpt.layout, interval_s=ckpt.interval,
                                     signal=ckpt.signal, signal_to=ckpt.signal_to),
@@ -92,6 +97,15 @@ def _training_spec(health: HealthTable) -> TrainingSpec | None:
     if "no_restart_exit_codes" in data:
         data["no_restart_exit_codes"] = tuple(data["no_restart_exit_codes"])
     return TrainingSpec.model_validate(data)
+
+
+def _runs_srun(command: str) -> bool:
+    """A line of ``command`` starts with srun (a step inside the launcher's step)."""
+    for line in command.splitlines():
+        words = line.split()
+        if words and not words[0].startswith("#") and words[0].rsplit("/", 1)[-1] == "srun":
+            return True
+    return False
 
 
 def spec_of(run: Run) -> JobSpec:
@@ -130,6 +144,8 @@ def dump_spec(spec: JobSpec) -> str:
         if value is not None:
             lines.append(f"{key} = {value if isinstance(value, int) else _toml_str(value)}")
     lines.append(f"requeue = {'true' if spec.requeue else 'false'}")
+    if spec.spare_nodes:
+        lines.append(f"spare_nodes = {spec.spare_nodes}")
     if spec.environment:
         lines += ["", "[job.environment]"]
         lines += [f"{k} = {_toml_str(v)}" for k, v in spec.environment]

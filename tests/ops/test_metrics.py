@@ -30,6 +30,8 @@ FAMILIES = {
     "b300_store_up": ("gauge", (), "1 if the state store answered this scrape"),
     "b300_runs": ("gauge", ("state",), "runs by state"),
     "b300_recoveries": ("counter", (), "automatic resubmissions by recovery"),
+    "b300_step_relaunches": ("counter", (), "training steps relaunched on a spare node in the "
+                             "same job (spare_nodes)"),
     "b300_nodes_drained": ("gauge", (), "nodes in a DRAIN state as last seen"),
     "b300_drift_findings_open": ("gauge", (), "open version drift findings"),
     "b300_checkpoint_newest_age_seconds": ("gauge", ("run",), "age of the newest complete checkpoint per run"),

@@ -124,7 +124,9 @@ def main() -> int:
     ckpt_root = Path(os.environ["B300_CHECKPOINT_DIR"])
     resume = os.environ.get("B300_RESUME_FROM", "")
     run_dir = ckpt_root.parent
-    first = attempt == 1
+    # A step relaunched inside the same job (spare_nodes; b300.launcher) is generation 1, 2...
+    generation = int(os.environ.get("B300_STEP_GENERATION") or 0)
+    first = attempt == 1 and generation == 0
     writer = None
     if args.progress_file:
         from b300.training.progress import ProgressWriter
@@ -136,8 +138,10 @@ def main() -> int:
         with open(run_dir / "injected.jsonl", "a") as f:
             f.write(json.dumps({"what": what, "step": at, "rank": rank, "time": time.time()}) + "\n")
     # Several local clusters on one machine reuse the same job ids: the cluster's name
-    # keeps their rendezvous ports apart.
-    port = 21000 + (job_id + zlib.crc32(os.environ.get("SLURM_CLUSTER_NAME", "").encode())) % 20000
+    # keeps their rendezvous ports apart (and the step id those of a job's steps).
+    step_id = int(os.environ.get("SLURM_STEP_ID", "0") or 0)
+    port = 21000 + (job_id + 7919 * step_id
+                    + zlib.crc32(os.environ.get("SLURM_CLUSTER_NAME", "").encode())) % 20000
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(seconds=600))
@@ -158,7 +162,9 @@ def main() -> int:
         with open(run_dir / "history.jsonl", "a") as f:
             f.write(json.dumps({"attempt": attempt, "job_id": job_id, "start_step": step,
                                 "resume_from": resume, "nodes": os.environ.get(
-                                    "SLURM_JOB_NODELIST", "")}) + "\n")
+                                    "SLURM_JOB_NODELIST", ""), "generation": generation,
+                                "step_id": step_id, "step_nodes": os.environ.get(
+                                    "SLURM_STEP_NODELIST", ""), "time": time.time()}) + "\n")
         print(f"attempt {attempt} job {job_id} starts at step {step} (resume={resume!r})",
               flush=True)
 
