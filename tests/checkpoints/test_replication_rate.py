@@ -12,8 +12,8 @@ server (pure Python) takes 17-30 MiB/s here, so S3 gets 256 MiB at 10 MiB/s.
 The copies share their bytes by hard links: the source costs 2.75 GiB of writes.
 Above the limit by more than 10% always fails. Below it by more than 10% fails unless
 the machine cannot do better at that moment: a copy without the limit, to a fresh
-destination, then runs, and must be no faster than 1.25x the limit (seen in a CI run
-beside other heavy work: the file system copy reached under 90 MiB/s with no limit).
+destination, then runs, and must be no faster than 1.25x the limit (a CI run beside
+other heavy work, load ~10, failed the old rule on the file system copy).
 """
 
 from __future__ import annotations
