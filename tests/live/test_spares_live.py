@@ -37,6 +37,39 @@ NODES = [f"gpu{i:02d}" for i in range(1, 7)]
 SSH_BASE = int(os.environ.get("B300_SSHD_PORT_BASE", "22201")) + 70
 STEPS = 40
 OTHER_USER = "nobody"
+# The cluster of this module: six nodes of its own (the suite's cluster has four), set by
+# the ``six_nodes`` fixture; localcluster.sh kill-node/restart-node run with its env.
+_CLUSTER_ENV: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def six_nodes() -> Iterator[str]:
+    """A 6-node cluster of its own (dir, name and ports beside the suite's); its SLURM_CONF."""
+    base_dir = os.environ.get("B300_CLUSTER_DIR", "/var/tmp/b300-cluster")
+    name = os.environ.get("B300_CLUSTER_NAME", "b300local")[:25] + "spare"
+    port = int(os.environ.get("B300_PORT_BASE", "16800")) + 700
+    env = {**os.environ, "B300_CLUSTER_DIR": f"{base_dir}-spares6", "B300_CLUSTER_NAME": name,
+           "B300_PORT_BASE": str(port), "B300_NODES": "6"}
+    env.pop("SLURM_CONF", None)
+    proc = subprocess.run(["bash", str(CLUSTER), "up"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    conf = next(line.split("=", 1)[1].strip("'\"") for line in proc.stdout.splitlines()
+                if line.startswith("export SLURM_CONF="))
+    _CLUSTER_ENV.clear()
+    _CLUSTER_ENV.update(env)
+    try:
+        yield conf
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "down"], env=env, capture_output=True, timeout=300,
+                       check=False)
+        _CLUSTER_ENV.clear()
+
+
+@pytest.fixture
+def slurm_conf(six_nodes: str) -> str:
+    """This module's tests run on the 6-node cluster."""
+    return six_nodes
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +183,7 @@ def killed(slurm_conf: str, node_sshd: Sim) -> Iterator[list[str]]:
     yield nodes
     for node in nodes:
         subprocess.run(["bash", str(CLUSTER), "restart-node", node], capture_output=True,
-                       timeout=120, check=False)
+                       timeout=120, check=False, env=_CLUSTER_ENV or None)
         slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=RESUME")
         dn.start([node_sshd.nodes[node]])
 
@@ -177,7 +210,7 @@ def _events(status: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 def _lose(conf: str, sim: Sim, node: str, killed: list[str]) -> float:
     killed.append(node)
     subprocess.run(["bash", str(CLUSTER), "kill-node", node], check=True, timeout=60,
-                   capture_output=True)
+                   capture_output=True, env=_CLUSTER_ENV or None)
     dn.stop([sim.nodes[node]])
     return time.time()
 
