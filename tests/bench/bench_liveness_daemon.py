@@ -103,26 +103,13 @@ def main() -> int:
     if not conf:
         print("bench_liveness_daemon: SLURM_CONF is not set (eval localcluster.sh env first)", file=sys.stderr)
         return 2
-    base = Path(tempfile.mkdtemp(prefix="b300-bench-live-sshd-"))
-    key = dn.client_key(base)
-    auth = base / "authorized_keys"
-    auth.write_text(Path(f"{key}.pub").read_text())
     names = [f"gpu{i:02d}" for i in range(1, args.nodes + 1)]
-    sims = {n: dn.make_node(base, n, args.ssh_port + i, dn.Versions(), auth) for i, n in enumerate(names)}
-    (base / "known_hosts").write_text("".join(n.known_hosts_line() for n in sims.values()))
-    table = "".join(f'{n} = {{ host = "127.0.0.1", port = {sim.port}, partition = "batch" }}\n'
-                    for n, sim in sims.items())
-    drift = (f"[drift]\nknown_hosts = {json.dumps(str(base / 'known_hosts'))}\n"
-             f"key_file = {json.dumps(str(key))}\ncommand_timeout = \"20s\"\n"
-             f'probes = ["nccl"]\n[drift.nodes]\n{table}')
-    dn.start(sims.values())
-    results = []
-    try:
+    base = Path(tempfile.mkdtemp(prefix="b300-bench-live-sshd-"))
+    with dn.fleet(base, {n: dn.Versions() for n in names}, args.ssh_port) as sim:
+        drift = dn.drift_section(sim, command_timeout="20s")
         pairs = [("off", "on") if i % 2 == 0 else ("on", "off") for i in range(args.pairs)]
         results = [_report(_one(mode, args.nodes, args.minutes, conf, args.poll, drift))
                    for pair in pairs for mode in pair]
-    finally:
-        dn.stop(sims.values())
     print(json.dumps({"bench": "liveness_daemon", "results": results}))
     return 0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import drift_nodes as dn
 import pytest
@@ -17,19 +16,8 @@ BASE_PORT = int(os.environ.get("B300_SSHD_PORT_BASE", "22201"))
 @pytest.fixture(scope="session")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     """Six nodes: good1-4 alike, ``hung`` (nvidia-smi sleeps 8 s), ``garbage`` (prints ERR!)."""
-    base = tmp_path_factory.mktemp("simnodes")
-    key = dn.client_key(base)
-    auth = base / "authorized_keys"
-    auth.write_text(Path(f"{key}.pub").read_text())
     specs = {f"good{i}": dn.Versions() for i in range(1, 5)}
     specs["hung"] = dn.Versions(hang_s=8)
     specs["garbage"] = dn.Versions(garbage=True)
-    nodes = {name: dn.make_node(base, name, BASE_PORT + i, v, auth)
-             for i, (name, v) in enumerate(specs.items())}
-    known = base / "known_hosts"
-    known.write_text("".join(n.known_hosts_line() for n in nodes.values()))
-    dn.start(nodes.values())
-    try:
-        yield Sim(nodes, key, known, base)
-    finally:
-        dn.stop(nodes.values())
+    with dn.fleet(tmp_path_factory.mktemp("simnodes"), specs, BASE_PORT) as fleet:
+        yield fleet

@@ -10,11 +10,13 @@ here): ``nvidia-smi``, ``nvcc``, ``ofed_info``, ``nv-fabricmanager`` and a
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,3 +172,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def fleet(base: Path, versions: Mapping[str, Versions], first_port: int) -> Iterator[Sim]:
+    """One running sshd per name in ``versions`` (ports ``first_port``, +1, ... in order), a
+    client key they all accept and a known_hosts naming them; every sshd stopped on exit."""
+    key = client_key(base)
+    auth = base / "authorized_keys"
+    auth.write_text(Path(f"{key}.pub").read_text())
+    nodes = {name: make_node(base, name, first_port + i, v, auth)
+             for i, (name, v) in enumerate(versions.items())}
+    known = base / "known_hosts"
+    known.write_text("".join(n.known_hosts_line() for n in nodes.values()))
+    start(nodes.values())
+    try:
+        yield Sim(nodes, key, known, base)
+    finally:
+        stop(nodes.values())
+
+
+def drift_section(sim: Sim, command_timeout: str = "5s") -> str:
+    """A config's ``[drift]`` that reaches ``sim``'s nodes over SSH (partition ``batch``, the
+    nccl probe, no scheduled scans): what ``[liveness]`` needs for its confirmation."""
+    nodes = "".join(f'{n} = {{ host = "127.0.0.1", port = {node.port}, partition = "batch" }}\n'
+                    for n, node in sim.nodes.items())
+    return (f"[drift]\nknown_hosts = {json.dumps(str(sim.known_hosts))}\n"
+            f"key_file = {json.dumps(str(sim.key))}\ncommand_timeout = {json.dumps(command_timeout)}\n"
+            f'probes = ["nccl"]\n[drift.nodes]\n{nodes}')

@@ -42,18 +42,9 @@ BASE_PORT = int(os.environ.get("B300_SSHD_PORT_BASE", "22201")) + 50
 
 @pytest.fixture(scope="module")
 def node_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    base = tmp_path_factory.mktemp("liveness-live")
-    key = dn.client_key(base)
-    auth = base / "authorized_keys"
-    auth.write_text(Path(f"{key}.pub").read_text())
-    nodes = {n: dn.make_node(base, n, BASE_PORT + i, dn.Versions(), auth)
-             for i, n in enumerate([NEIGHBOUR, VICTIM])}
-    (base / "known_hosts").write_text("".join(n.known_hosts_line() for n in nodes.values()))
-    dn.start(nodes.values())
-    try:
-        yield Sim(nodes, key, base / "known_hosts", base)
-    finally:
-        dn.stop(nodes.values())
+    versions = {n: dn.Versions() for n in [NEIGHBOUR, VICTIM]}
+    with dn.fleet(tmp_path_factory.mktemp("liveness-live"), versions, BASE_PORT) as fleet:
+        yield fleet
 
 
 def _targets(conf: str) -> list[Target]:

@@ -74,28 +74,15 @@ def slow_cluster() -> Iterator[SlowCluster]:
 
 @pytest.fixture(scope="module")
 def node_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    base = tmp_path_factory.mktemp("node-loss-sshd")
-    key = dn.client_key(base)
-    auth = base / "authorized_keys"
-    auth.write_text(Path(f"{key}.pub").read_text())
-    nodes = {n: dn.make_node(base, n, SSH_BASE + i, dn.Versions(), auth) for i, n in enumerate(NODES)}
-    (base / "known_hosts").write_text("".join(n.known_hosts_line() for n in nodes.values()))
-    dn.start(nodes.values())
-    try:
-        yield Sim(nodes, key, base / "known_hosts", base)
-    finally:
-        dn.stop(nodes.values())
+    versions = {n: dn.Versions() for n in NODES}
+    with dn.fleet(tmp_path_factory.mktemp("node-loss-sshd"), versions, SSH_BASE) as fleet:
+        yield fleet
 
 
 def _daemon(tmp_path: Path, cluster: SlowCluster, sim: Sim) -> DaemonHandle:
     d = make_daemon(tmp_path, cluster.conf, poll_interval="1s")
-    nodes = "".join(f'{n} = {{ host = "127.0.0.1", port = {node.port}, partition = "batch" }}\n'
-                    for n, node in sim.nodes.items())
     with d.config.open("a") as f:
-        f.write(f"[drift]\nknown_hosts = {json.dumps(str(sim.known_hosts))}\n"
-                f"key_file = {json.dumps(str(sim.key))}\ncommand_timeout = \"5s\"\n"
-                f'probes = ["nccl"]\n[drift.nodes]\n{nodes}'
-                "[liveness]\nenabled = true\n")
+        f.write(dn.drift_section(sim) + "[liveness]\nenabled = true\n")
     d.env = {**cluster.env, "SLURM_CONF": cluster.conf}
     d.start()
     return d
