@@ -148,7 +148,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_REQUEUED: frozenset({"job_id", "nodes", "suspects"}),
     Kind.ATTEMPT_CLASSIFIED: _EVIDENCE,
     Kind.ATTEMPT_HANG: frozenset({"job_id", "last_step", "stalled_s", "progress_file"}),
-    Kind.ATTEMPT_PROGRESS: frozenset({"step", "last"}),
+    Kind.ATTEMPT_PROGRESS: frozenset({"step", "last", "at"}),
     Kind.ATTEMPT_NODE_LOST: frozenset({"job_id", "nodes", "evidence"}),
     Kind.ATTEMPT_STEP_RELAUNCH: frozenset({"job_id", "generation", "exclude", "outcome", "resume_from",
                                            "suspects", "checkpoints_checked", "spares_left", "cause"}),

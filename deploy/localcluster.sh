@@ -27,6 +27,10 @@
 #                      run that release's client commands, first in PATH, and state,
 #                      spool and accounting database are the release's own.
 #   B300_SLURMD_TIMEOUT slurm.conf SlurmdTimeout (default 20)
+#   B300_PREEMPT       1: partition priority preemption (PreemptType=preempt/partition_prio,
+#                      PreemptMode=CANCEL) and a partition `urgent` (PriorityTier=10) over the
+#                      same nodes, whose jobs end `batch` jobs in their way as PREEMPTED
+#                      (default 0: neither)
 # Changing a knob changes the generated config; the next `up` restarts the daemons.
 set -euo pipefail
 umask 022
@@ -49,6 +53,7 @@ readonly SANE_PATH=/usr/sbin:/usr/bin:/sbin:/bin
 DIR=${B300_CLUSTER_DIR:-/var/tmp/b300-cluster}
 SLURM_REL=${B300_SLURM:-22.05}
 SLURMD_TIMEOUT=${B300_SLURMD_TIMEOUT:-20}
+PREEMPT=${B300_PREEMPT:-0}
 NODES=${B300_NODES:-4}
 FAKE_GPUS=${B300_FAKE_GPUS:-1}
 MIN_JOB_AGE=${B300_MIN_JOB_AGE:-300}
@@ -70,6 +75,7 @@ NODES=$((10#$NODES))
 [[ $FAKE_GPUS == 0 || $FAKE_GPUS == 1 ]] || die "B300_FAKE_GPUS must be 0 or 1"
 [[ $MIN_JOB_AGE =~ ^[0-9]{1,7}$ ]] || die "B300_MIN_JOB_AGE must be a number of seconds"
 [[ $SLURM_REL =~ ^(22\.05|24\.11|26\.05)$ ]] || die "B300_SLURM must be 22.05, 24.11 or 26.05 (got '$SLURM_REL')"
+[[ $PREEMPT == [01] ]] || die "B300_PREEMPT must be 0 or 1 (got '$PREEMPT')"
 [[ $SLURMD_TIMEOUT =~ ^[0-9]{1,4}$ ]] && ((SLURMD_TIMEOUT >= 5)) || die "B300_SLURMD_TIMEOUT must be 5..9999 seconds"
 [[ $DB_HOST =~ ^[A-Za-z0-9._:-]+$ ]] || die "bad B300_DB_HOST"
 [[ $DB_PORT =~ ^[0-9]{1,5}$ ]] || die "bad B300_DB_PORT"
@@ -293,6 +299,10 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 EOF
+  if ((PREEMPT)); then
+    echo "PreemptType=preempt/partition_prio"
+    echo "PreemptMode=CANCEL"
+  fi
   if ((FAKE_GPUS)); then
     echo "AccountingStorageTRES=gres/gpu"
     echo "GresTypes=gpu"
@@ -300,7 +310,12 @@ EOF
   for n in "${ALL_NODES[@]}"; do
     echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(node_port "$n") CPUs=2 RealMemory=2000${gres} State=UNKNOWN"
   done
-  echo "PartitionName=batch Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP"
+  if ((PREEMPT)); then
+    echo "PartitionName=batch Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP PriorityTier=1"
+    echo "PartitionName=urgent Nodes=$NODELIST MaxTime=INFINITE State=UP PriorityTier=10"
+  else
+    echo "PartitionName=batch Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP"
+  fi
 }
 
 # Slurm 22.05's gres/gpu drops GPUs that have no File= ("Removing file-less GPU"), so

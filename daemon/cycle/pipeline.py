@@ -24,8 +24,9 @@ Every step reads the same view; none asks Slurm for the cluster again.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -105,10 +106,11 @@ class PollCycle:
         report.changed += len(changes)
         if self._training is not None:
             # Before recovery: an ended attempt's last lines (its exit intent) are read first.
-            for c in changes:
-                if c.after.state.is_terminal and not c.before.state.is_terminal:
-                    self._training.finish(c.after)
-            self._training.check(self._store.active_attempts())
+            with _watch_guard("training", report):
+                for c in changes:
+                    if c.after.state.is_terminal and not c.before.state.is_terminal:
+                        self._training.finish(c.after)
+                self._training.check(self._store.active_attempts())
         try:
             if self._recoverer is not None:
                 for c in changes:
@@ -117,7 +119,8 @@ class PollCycle:
                                                                      job_id=c.after.slurm_job_id):
                             self._recoverer.on_requeued(c.before, c.after, view)
             if self._hangs is not None:
-                self._hangs.check(self._store.active_attempts())
+                with _watch_guard("hangs", report):
+                    self._hangs.check(self._store.active_attempts())
             if self._recoverer is not None:
                 report.changed += self._recoverer.recover_all(view)
         except SlurmError as exc:
@@ -126,6 +129,19 @@ class PollCycle:
         report.cpu_s = time.process_time() - cpu0
         report.wall_s = time.monotonic() - wall0
         return report
+
+
+@contextlib.contextmanager
+def _watch_guard(name: str, report: CycleReport) -> Iterator[None]:
+    """A watcher's failure (training health, hangs) is logged and reported, and the cycle goes on:
+    recovery must not wait for an observer. Slurm errors go to the cycle's own handling."""
+    try:
+        yield
+    except SlurmError:
+        raise
+    except Exception as exc:  # isolate the observer: recovery goes on
+        log.exception("cycle.watcher_failed", watcher=name)
+        report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
 
 
 def _calls(slurm: SlurmClient) -> int:

@@ -39,6 +39,28 @@ _PROGRESS_EVENT_EVERY = timedelta(minutes=5)
 class _Progress:
     step: str
     since: datetime
+    at: datetime | None = None   # when the job wrote that step: the progress file's mtime
+
+
+def _written_at(path: str | None, attempt: Attempt, now: datetime) -> datetime | None:
+    """The progress file's mtime if it lies inside ``attempt`` (between its start, its end and
+    ``now``), else None: when the job wrote the step, which a poll sees up to one interval late."""
+    if not path:
+        return None
+    try:
+        at = datetime.fromtimestamp(os.stat(path).st_mtime, UTC)
+    except (OSError, ValueError, OverflowError):
+        return None
+    lo = attempt.start
+    # Slurm's end time is in whole seconds: the job's last write may be up to 1 s past it.
+    hi = min(now, attempt.end + timedelta(seconds=1)) if attempt.end is not None else now
+    if (lo is not None and at < lo) or at > hi:
+        return None
+    return at
+
+
+def _at_field(at: datetime | None) -> dict[str, float]:
+    return {"at": round(at.timestamp(), 3)} if at is not None else {}
 
 
 class HangWatch:
@@ -91,8 +113,9 @@ class HangWatch:
             limit = spec.health.startup_timeout_s
         else:
             if seen is None or seen.step != step:
-                self._progress[attempt.id] = _Progress(step, now)
-                self._record_progress(attempt, step, now)
+                at = _written_at(spec.health.progress_file, attempt, now)
+                self._progress[attempt.id] = _Progress(step, now, at)
+                self._record_progress(attempt, step, now, at)
                 return 0
             since, limit = seen.since, spec.health.hang_timeout_s
         stalled = (now - since).total_seconds()
@@ -117,9 +140,10 @@ class HangWatch:
         if mine:
             self._progress_recorded[attempt.id] = mine[-1].ts
 
-    def _record_progress(self, attempt: Attempt, step: str, now: datetime) -> None:
+    def _record_progress(self, attempt: Attempt, step: str, now: datetime, at: datetime | None = None) -> None:
         """An ``attempt.progress`` event: the first step seen, then at most every 5 minutes
-        (the weekly report's restart and recompute times come from these)."""
+        (the weekly report's restart and recompute times come from these); ``at``: when the
+        job wrote it (the file's mtime), which the report prefers to the event's time."""
         last = self._progress_recorded.get(attempt.id)
         if not step.isdigit() or (last is not None and now - last < _PROGRESS_EVENT_EVERY):
             return
@@ -129,19 +153,32 @@ class HangWatch:
         steps.add(int(step))
         self._progress_recorded[attempt.id] = now
         self._store.append_events([NewEvent(Kind.ATTEMPT_PROGRESS, run_id=attempt.run_id,
-                                            attempt_id=attempt.id, data={"step": int(step)})], now)
+                                            attempt_id=attempt.id,
+                                            data={"step": int(step), **_at_field(at)})], now)
 
     def _record_last_progress(self, attempt_id: int, seen: _Progress) -> None:
         """The last step an ended attempt reached, stamped when it was first seen (if not recorded
-        yet): the steps after its checkpoint that the next attempt must redo."""
+        yet): the steps after its checkpoint that the next attempt must redo.
+
+        The progress file is read once more first: the job may have gone on for up to a poll
+        interval after the step last seen. That reading counts only while the file was last
+        written inside the ended attempt (no newer attempt has written it yet)."""
+        attempt = self._store.get_attempt(attempt_id)
+        spec = spec_of(self._store.get_run(attempt.run_id))
+        now = self._clock()
+        final = read_progress(spec.health.progress_file, attempt.start) if spec.health.progress_file else ""
+        at = _written_at(spec.health.progress_file, attempt, now) if final.isdigit() else None
+        if at is not None and seen.step.isdigit() and int(final) > int(seen.step) \
+                and (seen.at is None or at >= seen.at):
+            seen = _Progress(final, now, at)
         recorded = self._progress_recorded.get(attempt_id)
         if not seen.step.isdigit() or (recorded is not None and recorded >= seen.since):
             return
         if int(seen.step) in self._recorded_steps.get(attempt_id, set()):
             return
-        run_id = self._store.get_attempt(attempt_id).run_id
-        self._store.append_events([NewEvent(Kind.ATTEMPT_PROGRESS, run_id=run_id, attempt_id=attempt_id,
-                                            data={"step": int(seen.step), "last": True})], seen.since)
+        self._store.append_events([NewEvent(Kind.ATTEMPT_PROGRESS, run_id=attempt.run_id, attempt_id=attempt_id,
+                                            data={"step": int(seen.step), "last": True,
+                                                  **_at_field(seen.at)})], seen.since)
 
 
 def read_progress(path: str, started: datetime | None) -> str:

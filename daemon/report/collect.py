@@ -37,6 +37,12 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
         ckpts = None
         interval = None
         advice = None
+        # Where each attempt began: step 0 (from scratch) or its checkpoint's step.
+        starts: dict[int, int] = {a.id: 0 for a in attempts if not a.resume_from}
+        if spec.checkpoint.dir and any(a.resume_from for a in attempts):
+            by_path = {c.info.path: c.info.step for c in ckpt_store.checkpoints(run.id)}
+            starts |= {a.id: by_path[a.resume_from] for a in attempts
+                       if a.resume_from and a.resume_from in by_path}
         if spec.checkpoint.dir:
             interval = spec.checkpoint.interval_s
             stored = [c for c in ckpt_store.checkpoints(run.id) if c.info.complete]
@@ -45,5 +51,6 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
             sched = run_schedule(run, spec, [c.info for c in stored], attempts, history, now)
             advice = sched.young_daly if sched else None
         inputs.append(RunInput(run, attempts, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-                               checkpoint_interval_s=interval, checkpoints=ckpts, young_daly=advice))
+                               checkpoint_interval_s=interval, checkpoints=ckpts, young_daly=advice,
+                               start_steps=starts))
     return weekly_report(inputs, events, window, now, drift_open=len(store.drift.open_findings()))

@@ -3,13 +3,16 @@
 Effective training time ratio (ETTR) per run over the window: of the run's
 wall time, the time its jobs trained. The time lost is split into
 
-- **detect**: an attempt ended -> the daemon classified it (``attempt.classified``);
+- **detect**: an interrupted attempt's last progress step (the job dead or hung from
+  then on, whatever Slurm showed) -> the daemon classified it (``attempt.classified``);
+  without a recorded last step, from the attempt's end;
 - **queue**: an attempt was submitted (created) -> its job started;
 - **restart**: a job started -> its first progress step (``attempt.progress`` events);
   without progress events it is counted 0 and the run says so;
 - **recompute**: steps redone after a resume, i.e. from the first progress step of
-  the new attempt until it passes the previous attempt's last step. Without progress
-  events it is *unknown* (never estimated);
+  the new attempt until it passes the previous attempt's last step (interpolated
+  between the progress points around it; past the newest one at the attempt's own
+  pace). Without progress events it is *unknown* (never estimated);
 - **other**: the rest of the wall time no attempt ran or waited (decisions,
   settle time, gaps).
 
@@ -21,9 +24,9 @@ checkpoint signal (b300d's signal ended it), other infrastructure.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..checkpoints.schedule import YoungDaly
 from ..events import DRAINS, RETURNS, Kind
@@ -156,6 +159,8 @@ class RunInput:
     checkpoints: Sequence[tuple[int, datetime, int, frozenset[str], frozenset[str]]] | None = None
     # (step, mtime, size_bytes, replicated_to, all targets tried) of the stored, not deleted ones
     young_daly: YoungDaly | None = None
+    # attempt id -> the step it began at (0: from scratch, else its checkpoint's), where known
+    start_steps: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,14 +252,70 @@ def interruption_cause(attempt: Attempt) -> str:
     return "other infrastructure"
 
 
-def _first_progress(events: Sequence[Event], attempt_id: int) -> list[tuple[datetime, int]]:
-    return sorted((e.ts, int(e.data["step"])) for e in events
-                  if e.kind == Kind.ATTEMPT_PROGRESS and e.attempt_id == attempt_id
-                  and isinstance(e.data.get("step"), int))
+def _progress_of(events: Sequence[Event], attempt_id: int) -> tuple[list[tuple[datetime, int]],
+                                                                     tuple[datetime, int] | None]:
+    """An attempt's progress points (time, step), oldest first, and its ``last`` point (the last
+    step the ended attempt reached, None if not recorded). The time is when the job wrote the
+    step (``at``: the progress file's mtime) where the daemon recorded it, else the event's."""
+    points: list[tuple[datetime, int]] = []
+    last: tuple[datetime, int] | None = None
+    for e in events:
+        if e.kind != Kind.ATTEMPT_PROGRESS or e.attempt_id != attempt_id:
+            continue
+        step = e.data.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        at = e.data.get("at")
+        ts = e.ts
+        if isinstance(at, int | float) and not isinstance(at, bool):
+            try:
+                ts = datetime.fromtimestamp(float(at), e.ts.tzinfo)
+            except (OverflowError, OSError, ValueError):
+                ts = e.ts
+        points.append((ts, step))
+        if e.data.get("last") is True:
+            last = (ts, step)
+    points.sort()
+    return points, last
+
+
+def _rate(points: Sequence[tuple[datetime, int]]) -> float | None:
+    """Steps per second between the first and the last point, None if it cannot be told."""
+    if len(points) < 2:
+        return None
+    (t0, s0), (t1, s1) = points[0], points[-1]
+    dt = (t1 - t0).total_seconds()
+    return (s1 - s0) / dt if dt > 0 and s1 > s0 else None
+
+
+def _caught_up(points: Sequence[tuple[datetime, int]], target: int, rate: float | None,
+               end: datetime | None) -> datetime | None:
+    """When an attempt whose progress is ``points`` passed step ``target`` (the step the
+    interrupted attempt before it had reached): between the two points around it, linearly;
+    past its last point, at ``rate`` steps/s; never after ``end`` (its training end; None:
+    the window's end). None: at ``end``."""
+    prev = points[0]
+    for ts, step in points:
+        if step >= target:
+            if step == prev[1]:
+                return ts
+            frac = (target - prev[1]) / (step - prev[1])
+            return prev[0] + (ts - prev[0]) * max(0.0, min(1.0, frac))
+        prev = (ts, step)
+    if rate is None:
+        return end
+    ts, step = points[-1]
+    eta = ts + timedelta(seconds=(target - step) / rate)
+    return eta if end is None or eta < end else end
 
 
 def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFigures | None:
-    """ETTR and lost time of one run in ``window``; None if it did not live in the window."""
+    """ETTR and lost time of one run in ``window``; None if it did not live in the window.
+
+    An attempt trains from its first progress step to its end, or, when it was interrupted
+    and the daemon recorded the last step it reached, to that step: the time from there to
+    the daemon's classification is detection (the job was dead or hung, whatever Slurm
+    said). Without progress events an attempt trains from its start to its end."""
     attempts = sorted(ri.attempts, key=lambda a: a.number)
     if not attempts:
         return None
@@ -265,41 +326,63 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
         return None
     notes: list[str] = []
     classified = {e.attempt_id: e.ts for e in events if e.kind == Kind.ATTEMPT_CLASSIFIED}
-    running = detect = queue = restart = 0.0
+    running = detect = queue = restart = training = 0.0
     recompute: float | None = 0.0
     restart_known = True
     prev_last_step: int | None = None
+    prev_rate: float | None = None
     prev_interrupted = False
     for a in attempts:
         started = a.start
         stopped = a.end or (a.updated_at if a.state.is_terminal else None)
+        interrupted = a.outcome not in _NOT_INTERRUPTIONS or a.outcome == "TIMEOUT"
+        points, last = _progress_of(events, a.id)
+        queue += window.overlap(a.created_at, started if started is not None else a.end)
+        rate = _rate(points) or prev_rate
+        first_step = ri.start_steps.get(a.id)
+        if points and started is not None and rate and first_step is not None \
+                and points[0][1] > first_step + 1:
+            # The first step the daemon saw is a poll after the job's first: go back to that
+            # one (the attempt's start step + 1) at the attempt's pace, not before its start.
+            t_obs, s_obs = points[0]
+            back = t_obs - timedelta(seconds=(s_obs - first_step - 1) / rate)
+            points.insert(0, (max(back, started), first_step + 1))
+        # Where this attempt's training ended: its last step if it was interrupted and that
+        # step is known, else its end (None: still running at the window's end).
+        train_end = last[0] if interrupted and last is not None and stopped is not None else stopped
+        if a.end is not None and a.outcome not in ("", "COMPLETED", "CANCELLED"):
+            detect += window.overlap(train_end if train_end is not None else a.end,
+                                     classified.get(a.id, a.end))
         if started is not None:
             running += window.overlap(started, stopped)
-        queue += window.overlap(a.created_at, started if started is not None else a.end)
-        if a.end is not None and a.outcome not in ("", "COMPLETED", "CANCELLED"):
-            detect += window.overlap(a.end, classified.get(a.id, a.end))
-        progress = _first_progress(events, a.id)
-        if started is not None:
-            if progress:
-                restart += window.overlap(started, progress[0][0])
+            if points:
+                restart += window.overlap(started, points[0][0])
+                span_from = points[0][0]
             else:
                 restart_known = False
+                span_from = started
+            training += window.overlap(span_from, train_end)
         if prev_interrupted and started is not None:
-            if progress and prev_last_step is not None:
-                caught_up = next((ts for ts, step in progress if step >= prev_last_step), None)
-                if recompute is not None:
-                    recompute += window.overlap(progress[0][0], caught_up)
+            if points and prev_last_step is not None:
+                if recompute is not None and points[0][1] < prev_last_step:
+                    caught = _caught_up(points, prev_last_step, rate, train_end)
+                    recompute += window.overlap(points[0][0], caught)
             else:
                 recompute = None
-        prev_last_step = max((s for _, s in progress), default=None) if progress else None
-        prev_interrupted = a.outcome not in _NOT_INTERRUPTIONS or a.outcome == "TIMEOUT"
+        if points:
+            # The run's high-water mark: a step any earlier attempt reached is redone work.
+            top = max(s for _, s in points)
+            prev_last_step = top if prev_last_step is None else max(prev_last_step, top)
+        else:
+            prev_last_step = None
+        prev_rate = rate
+        prev_interrupted = interrupted
     if not restart_known:
         notes.append("restart time counted as 0: no progress events for some attempts")
     if recompute is None:
         notes.append("recompute time unknown: no progress events around a resume")
-    lost_in_run = restart + (recompute or 0.0)
-    training = max(0.0, running - lost_in_run)
-    other = max(0.0, wall - running - detect - queue)
+    training = max(0.0, training - (recompute or 0.0))
+    other = max(0.0, wall - training - restart - (recompute or 0.0) - detect - queue)
     return RunFigures(ri.run.id, ri.run.name, ri.run.state.value, len(attempts), wall, running, detect,
                       queue, restart, recompute, other, training, tuple(notes))
 

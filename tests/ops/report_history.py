@@ -46,8 +46,8 @@ class Expected:
 def _attempt(store: SqlStore, run_id: str, created: datetime, job_id: int, start: datetime,
              end: datetime | None, state: AttemptState, nodes: list[str], *, outcome: str = "",
              evidence: dict[str, object] | None = None, classified_after: timedelta | None = None,
-             progress: list[tuple[timedelta, int]] = ()) -> None:
-    a = store.begin_attempt(run_id, created)
+             progress: list[tuple[timedelta, int]] = (), resume_from: str | None = None) -> None:
+    a = store.begin_attempt(run_id, created, resume_from=resume_from)
     store.confirm_attempt(a.id, job_id, created + timedelta(seconds=1))
     store.update_attempt(a.id, start, state=AttemptState.RUNNING, nodes=nodes, start=start)
     for offset, step in progress:
@@ -84,7 +84,7 @@ def build_history(store: SqlStore) -> Expected:
     a2_start, a2_end = a2_created + timedelta(minutes=20), W0 + timedelta(days=3)
     _attempt(store, "run-a", a2_created, 1002, a2_start, a2_end, AttemptState.NODE_FAIL, ["gpu02", "gpu03"],
              outcome="INFRA", evidence={"reasons": ["node gpu02 is DOWN"], "suspects": ["gpu02"]},
-             classified_after=timedelta(minutes=5),
+             classified_after=timedelta(minutes=5), resume_from="/lustre/ckpt/llama-a/step400",
              progress=[(timedelta(minutes=15), 400), (timedelta(minutes=45), 500),
                        (timedelta(hours=5), 900)])
     store.append_events([NewEvent("node.drained", run_id="run-a", node="gpu02",
@@ -93,8 +93,9 @@ def build_history(store: SqlStore) -> Expected:
     store.append_events([NewEvent("node.resumed", node="gpu02", actor="alice")], a2_end + timedelta(days=1))
     a3_created = a2_end + timedelta(minutes=5)
     a3_start = a3_created + timedelta(hours=1)
+    # Both resume from checkpoints pruned since (their steps unknown to the report).
     _attempt(store, "run-a", a3_created, 1003, a3_start, None, AttemptState.RUNNING, ["gpu01", "gpu03"],
-             progress=[(timedelta(minutes=12), 880), (timedelta(minutes=20), 900), (timedelta(hours=2), 1200)])
+             resume_from="/lustre/ckpt/llama-a/step880", progress=[(timedelta(minutes=12), 880), (timedelta(minutes=20), 900), (timedelta(hours=2), 1200)])
     store.set_run_state("run-a", RunState.RUNNING, a3_start)
     # Its checkpoints: two replicated to s3, the newest not yet.
     ckpts = store.checkpoints

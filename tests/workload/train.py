@@ -28,7 +28,10 @@ of ``--fail-at`` is exit code C instead of an exception; ``--fail-every-attempt`
 fails every attempt, not only the first; ``--no-restart-intent WHY`` writes
 ``exit_intent`` ``restart: false`` before that failure. Each injection appends
 ``{"what", "step", "time"}`` to ``injected.jsonl`` beside the checkpoint folder when
-it happens (the tests wait for the signal from then on). ``--megatron-log``: rank 0
+it happens (the tests wait for the signal from then on). ``--error-file F --error-code C``: at
+any step of any attempt, once F exists, every rank exits C at the same step (F removed): a
+fault injected from outside at a time of the injector's choosing; ``--hang-file F``:
+once F exists, rank 0 stops making progress (F removed). ``--megatron-log``: rank 0
 prints Megatron-LM's iteration line every step, as ``training_log`` in
 ``megatron/training/training.py`` formats it (NVIDIA/Megatron-LM commit
 001b00c2734d8f0fad096fe48a382fedf755d321): a NaN step prints no ``lm loss`` and
@@ -115,6 +118,9 @@ def main() -> int:
     ap.add_argument("--fail-every-attempt", action="store_true")
     ap.add_argument("--no-restart-intent", default="")
     ap.add_argument("--megatron-log", action="store_true")
+    ap.add_argument("--error-file", default="")
+    ap.add_argument("--error-code", type=int, default=75)
+    ap.add_argument("--hang-file", default="")
     args = ap.parse_args()
 
     rank = int(os.environ["SLURM_PROCID"])
@@ -169,6 +175,24 @@ def main() -> int:
               flush=True)
 
     while step < args.steps:
+        if args.error_file:
+            # A fault injected from outside, at any step of any attempt: all ranks agree to
+            # fail at the same step (one more all-reduce), so it ends as the job's own error.
+            flag = torch.tensor([1 if rank == 0 and os.path.exists(args.error_file) else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag):
+                if rank == 0:
+                    os.unlink(args.error_file)
+                    injected(f"exit {args.error_code}", step)
+                print(f"rank {rank} exits {args.error_code} at step {step} (--error-file)", flush=True)
+                sys.stdout.flush()
+                os._exit(args.error_code)
+        if args.hang_file and rank == 0 and os.path.exists(args.hang_file):
+            # Injected from outside: rank 0 stops (its peers wait in the next all-reduce).
+            os.unlink(args.hang_file)
+            injected("hang", step)
+            print(f"rank 0 stuck at step {step} (--hang-file)", flush=True)
+            time.sleep(3600)
         failing = first or args.fail_every_attempt
         if failing and step == args.fail_at and args.fail_rank in (-1, rank):
             if args.no_restart_intent and writer is not None and rank == 0:
