@@ -46,6 +46,8 @@ log = structlog.get_logger(__name__)
 
 #: Slurm keeps a reason of any length, but ``sinfo -R`` shows the first ~50 characters.
 MAX_REASON = 200
+#: Node states (as b300 records them) that only say "drained", nothing failed.
+DRAIN_ONLY = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
 
 def straggler_reason(run_id: str, job_id: int | None, evidence: str) -> str:
@@ -57,6 +59,18 @@ def ours(rec: NodeRecord | None, run_id: str) -> bool:
     """``rec`` is drained with a straggler reason of ``run_id`` (a drain done before a crash)."""
     return rec is not None and "DRAIN" in rec.state.upper() and \
         rec.reason.startswith(f"b300: straggler in run {run_id} ")
+
+
+def straggler_drained(nodes: Sequence[str], nodes_now: Mapping[str, NodeRecord], run_id: str) -> set[str]:
+    """Of ``nodes``, those drained as ``run_id``'s straggler and bad for no other reason
+    (not down, responding): the attempt did not fail there, so recovery does not blame them."""
+    out = set()
+    for n in nodes:
+        rec = nodes_now.get(n)
+        if rec is not None and ours(rec, run_id) and rec.state.upper() in DRAIN_ONLY \
+                and "NOT RESPONDING" not in rec.reason.upper():
+            out.add(n)
+    return out
 
 
 def drain_refusal(*, host: str, run_id: str, attempt_nodes: Sequence[str],

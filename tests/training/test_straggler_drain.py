@@ -14,9 +14,15 @@ import pytest
 
 from b300.errors import ConfigError
 from b300.model import Attempt, AttemptState, NodeRecord
-from b300.recovery.straggler_drain import StragglerDrainer, drain_refusal, straggler_reason
+from b300.recovery.classify import Outcome, classify_end, node_is_bad
+from b300.recovery.straggler_drain import (
+    StragglerDrainer,
+    drain_refusal,
+    straggler_drained,
+    straggler_reason,
+)
 from b300.slurm.cli import CliSlurmClient
-from b300.spec import dump_spec, parse_spec
+from b300.spec import dump_spec, parse_spec, spec_of
 from b300.store import SqlStore, open_store
 from b300.training.config import TrainingConfig, load_training_config
 from b300.training.watch import TrainingWatch
@@ -57,6 +63,28 @@ def test_the_decision() -> None:
     assert "leave 1 usable node(s)" in (_refusal(nodes_now=down) or "")
     assert "leave 1 usable node(s)" in (_refusal(excluded=["gpu03"]) or "")
     assert "the run needs 3" in (_refusal(needed=3) or "")
+
+
+def test_a_job_error_on_a_straggler_drained_node_stays_a_job_error(store: SqlStore, tmp_path: Path) -> None:
+    """A run whose straggler was drained fails of its own bug later: that is not an
+    infrastructure failure of the drained node (no strike, no resubmission for it)."""
+    attempt = _attempt(store, tmp_path, "r-1")
+    ended = store.update_attempt(attempt.id, T0, state=AttemptState.FAILED, exit_code=1, end=T0)
+    spec = spec_of(store.get_run("r-1"))
+    nodes = {"gpu01": _node("gpu01", "IDLE"),
+             "gpu02": _node("gpu02", "DRAINED", straggler_reason("r-1", 4242, "slow"))}
+    log = ["Traceback (most recent call last):", "ValueError: bad batch",
+           "srun: error: gpu01: task 0: Exited with exit code 1"]
+
+    def verdict(drained: set[str]) -> Outcome:
+        return classify_end(ended, spec, nodes, log, cancel_requested=False, hang_detected=False,
+                            now=T0, settle_s=0, drained_working=drained).outcome
+
+    assert verdict(set()) is Outcome.INFRA  # what a plain drain would make of it
+    assert verdict(straggler_drained(ended.nodes, nodes, "r-1")) is Outcome.JOB_ERROR
+    # The same node down as well: a failure again.
+    nodes["gpu02"] = _node("gpu02", "DOWN", straggler_reason("r-1", 4242, "slow"))
+    assert verdict(straggler_drained(ended.nodes, nodes, "r-1")) is Outcome.INFRA
 
 
 def test_config_keys() -> None:
@@ -142,6 +170,12 @@ def test_a_straggler_is_drained_once_under_the_policy(store: SqlStore, slurm: Cl
     assert drained[0].data["step"] == 5
     assert [e.node for e in store.events(run_id="r-1", kinds=["training.straggler"])] == ["gpu02"]
     assert "DRAIN" not in _state(slurm, "gpu01").state.upper()
+    # As the cycle records it: bad for Slurm, but not a failure of this run's attempt.
+    store.sync_nodes(slurm.nodes(), clock())
+    seen = {n.name: n for n in store.list_nodes()}
+    assert node_is_bad(seen["gpu02"])
+    assert straggler_drained(["gpu01", "gpu02"], seen, "r-1") == {"gpu02"}
+    assert straggler_drained(["gpu02"], seen, "r-2") == set()
     # gpu02 recovers, then gpu01 straggles within the window: alerted, not drained.
     _slow(tmp_path, "r-1", "gpu01", 21, 40)
     clock.now = T0 + timedelta(seconds=41)
