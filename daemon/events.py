@@ -59,6 +59,7 @@ class Kind(enum.StrEnum):
     TRAINING_PROGRESS_PROBLEM = "training.progress_problem"
     TRAINING_EXIT_INTENT = "training.exit_intent"
     TRAINING_FIGURES = "training.figures"
+    TRAINING_STRAGGLER_KEPT = "training.straggler_kept"  # straggler_action = "drain" declined
     # nodes
     NODE_STATE = "node.state"
     NODE_FAILED = "node.failed"
@@ -170,10 +171,11 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.TRAINING_EXIT_INTENT: frozenset({"restart", "why", "step"}),
     Kind.TRAINING_FIGURES: frozenset({"step", "loss", "tokens_per_s", "samples_per_s", "mfu",
                                       "seconds_per_step", "stragglers"}),
+    Kind.TRAINING_STRAGGLER_KEPT: frozenset({"why", "step"}),
     Kind.NODE_STATE: frozenset({"old_state", "old_reason", "state", "reason"}),
     Kind.NODE_FAILED: _STRIKE,
     Kind.NODE_SUSPECT: _STRIKE,
-    Kind.NODE_DRAINED: frozenset({"reason", "black_hole"}),
+    Kind.NODE_DRAINED: frozenset({"reason", "black_hole", "straggler", "step"}),
     Kind.NODE_RESUMED: frozenset(),
     Kind.LIVENESS_SUSPECT: _LIVENESS,
     Kind.LIVENESS_CLEARED: _LIVENESS,

@@ -428,6 +428,11 @@ class Store(Protocol):
         after an id, and/or at or after a time."""
         ...
 
+    def event_counts(self, kinds: Sequence[str]) -> dict[tuple[str | None, str], int]:
+        """How many events of each of ``kinds`` the log holds, by (run id, kind) (one
+        grouped count: no event is read); a pair with none is absent."""
+        ...
+
     def sync_nodes(
         self, observed: Sequence[NodeObservation], now: datetime
     ) -> list[NodeRecord]:

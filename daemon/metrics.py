@@ -244,12 +244,16 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         by_state: dict[str, int] = {}
         for r in runs:
             by_state[r.state.value] = by_state.get(r.state.value, 0) + 1
-        recoveries = len(store.events(kinds=[Kind.RECOVERY_RESUBMIT]))
+        # One grouped count for the three event counters (no event is read).
+        finding_kinds = {*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM}
+        counts = store.event_counts([Kind.RECOVERY_RESUBMIT, Kind.ATTEMPT_STEP_RELAUNCH, *finding_kinds])
+        recoveries = sum(n for (_, kind), n in counts.items() if kind == Kind.RECOVERY_RESUBMIT)
+        relaunched = sum(n for (_, kind), n in counts.items() if kind == Kind.ATTEMPT_STEP_RELAUNCH)
         findings: dict[tuple[str, str], int] = {}
-        for e in store.events(kinds=[*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM]):
-            key = (e.run_id or "", e.kind.removeprefix("training."))
-            findings[key] = findings.get(key, 0) + 1
-        relaunched = len(store.events(kinds=[Kind.ATTEMPT_STEP_RELAUNCH]))
+        for (run_id, kind), n in counts.items():
+            if kind in finding_kinds:
+                key = (run_id or "", kind.removeprefix("training."))
+                findings[key] = findings.get(key, 0) + n
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}

@@ -287,6 +287,33 @@ def test_events_filter_by_run_after_id_and_limit(store: SqlStore) -> None:
     assert store.append_events([], at(4)) == []
 
 
+def test_event_counts_group_by_run_and_kind(store: SqlStore) -> None:
+    _new_run(store, "one")
+    _new_run(store, "two")
+    store.append_events([
+        NewEvent("training.straggler", run_id="one", node="gpu01", data={"evidence": "slow"}),
+        NewEvent("training.straggler", run_id="one", node="gpu02", data={"evidence": "slow"}),
+        NewEvent("training.loss_spike", run_id="two", data={"evidence": "x"}),
+        NewEvent("recovery.resubmit", run_id="one"),
+        NewEvent("recovery.resubmit", run_id="two"),
+        NewEvent("config.reloaded"),
+        NewEvent("config.reloaded"),
+    ], at(3))
+    kinds = ["training.straggler", "training.loss_spike", "recovery.resubmit", "config.reloaded",
+             "attempt.step_relaunch"]
+    assert store.event_counts(kinds) == {
+        ("one", "training.straggler"): 2, ("two", "training.loss_spike"): 1,
+        ("one", "recovery.resubmit"): 1, ("two", "recovery.resubmit"): 1, (None, "config.reloaded"): 2}
+    # The same figures as counting the events one by one.
+    by_hand: dict[tuple[str | None, str], int] = {}
+    for e in store.events(kinds=kinds):
+        by_hand[(e.run_id, e.kind)] = by_hand.get((e.run_id, e.kind), 0) + 1
+    assert store.event_counts(kinds) == by_hand
+    assert store.event_counts(["recovery.resubmit"]) == {("one", "recovery.resubmit"): 1,
+                                                         ("two", "recovery.resubmit"): 1}
+    assert store.event_counts([]) == {} and store.event_counts(["run.cancel"]) == {}
+
+
 # -- nodes ---------------------------------------------------------------------
 
 

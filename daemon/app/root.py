@@ -34,6 +34,7 @@ from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
 from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
+from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
 from ..spec import spec_of
 from ..training.watch import TrainingWatch
@@ -102,9 +103,11 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
                              recovering=recovery_on)
     # Training health (b300.training.watch): progress read and judged each cycle, whether
-    # or not recovery is on (a finding is an event, a metric and an alert; no action).
+    # or not recovery is on (a finding is an event, a metric and an alert); with recovery on,
+    # [training] straggler_action = "drain" also drains a straggler (b300.recovery.straggler_drain).
     training = TrainingWatch(store, clock, lambda: current.get().training, state_dir=config.state_dir,
-                             output_path=lambda a, s: job_log_path(a, s, current.get().job_log_dir))
+                             output_path=lambda a, s: job_log_path(a, s, current.get().job_log_dir),
+                             drainer=StragglerDrainer(store, slurm, clock) if recovery_on else None)
     hangs = HangWatch(store, slurm, clock, progress=training.progress_step) if recovery_on else None
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
@@ -131,8 +134,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         new = change.config
         with lock:
             current.config = new
-            if recoverer is not None and "recovery" in change.applied:
-                recoverer.reconfigure(new.recovery)
+            if recoverer is not None and {"recovery", "training"} & set(change.applied):
+                recoverer.reconfigure(new.recovery, new.training)
         if "log_level" in change.applied or "log_format" in change.applied:
             configure_logging(new.log_format, new.log_level)
         if "poll_interval_s" in change.applied:

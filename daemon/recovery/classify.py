@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -149,8 +149,13 @@ def classify_end(
     lost: Sequence[str] = (),
     node_health: Mapping[str, str] | None = None,
     detect_window_s: float = 0.0,
+    drained_working: Collection[str] = (),
 ) -> Verdict:
     """Classify a terminal attempt. Pure: everything it needs is passed in.
+
+    ``drained_working``: nodes of the attempt drained while it ran for a reason that is
+    not a failure (a straggler under ``[training] straggler_action = "drain"``): not bad
+    for this verdict, so a job's own error stays its own error.
 
     A job that failed within ``signal_grace`` of the daemon's checkpoint signal
     died of it (a batch shell that does not trap USR1 exits): SIGNALLED, the
@@ -165,7 +170,8 @@ def classify_end(
     with the job, instead of ``settle_s`` for Slurm to name one."""
     state = attempt.state
     lost = tuple(n for n in lost if n in attempt.nodes)
-    bad = tuple(n for n in attempt.nodes if node_is_bad(nodes_now.get(n)) or n in lost)
+    bad = tuple(n for n in attempt.nodes
+                if (node_is_bad(nodes_now.get(n)) and n not in drained_working) or n in lost)
     named = tuple(sorted({m.group(1) for line in log_lines for m in _NODE_IN_LOG.finditer(line)
                           if m.group(1) in attempt.nodes}))
     suspects = tuple(sorted(set(bad) | set(named)))

@@ -59,6 +59,7 @@ from .classify import (
 from .exclusions import Exclusion
 from .node_loss import node_lost
 from .relaunch import relaunches
+from .straggler_drain import straggler_drained
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -210,6 +211,7 @@ class Recoverer:
             now=now, settle_s=self._config.settle_s, signal_sent=sent, lost=lost,
             node_health=self._node_health(last.nodes) if self._node_health else None,
             detect_window_s=self._detect_window_s,
+            drained_working=straggler_drained(last.nodes, nodes_now, run.id),
         )
 
     def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:

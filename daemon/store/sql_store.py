@@ -410,6 +410,17 @@ class SqlStore:
         with self._sessions.read() as session:
             return [to_event(row) for row in session.exec(query).all()]
 
+    def event_counts(self, kinds: Sequence[str]) -> dict[tuple[str | None, str], int]:
+        """Events of ``kinds`` counted by (run id, kind) in the database (``GROUP BY``): for
+        ``/metrics``, which needs the totals, not the events."""
+        if not kinds:
+            return {}
+        query = (select(col(EventRow.run_id), col(EventRow.kind), func.count())
+                 .where(col(EventRow.kind).in_(list(kinds)))
+                 .group_by(col(EventRow.run_id), col(EventRow.kind)))
+        with self._sessions.read() as session:
+            return {(run_id, kind): int(n) for run_id, kind, n in session.exec(query).all()}
+
     # -- nodes --------------------------------------------------------------
 
     def sync_nodes(self, observed: Sequence[NodeObservation], now: datetime) -> list[NodeRecord]:

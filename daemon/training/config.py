@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zoneinfo
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -202,7 +202,14 @@ class TrainingConfig(BaseModel):
     ``rate_window``: the span tokens/s and MFU are measured over for metrics;
     ``backfill_bytes``: how much of a progress file a restarted daemon re-reads;
     ``max_read_bytes``: the most read from one file per cycle; ``megatron_tz``: the IANA
-    zone of the nodes' clocks for Megatron's timestamps (default: the daemon's)."""
+    zone of the nodes' clocks for Megatron's timestamps (default: the daemon's).
+
+    ``straggler_action``: what a confirmed straggler leads to: ``"alert"`` (the default:
+    an event and an alert, nothing else) or ``"drain"`` (also drain the node in Slurm, so
+    no new job lands on it; the run keeps going and its next attempt runs without it),
+    at most one straggler drain per run per ``straggler_drain_every``, and never one that
+    would leave the run's partition too few usable nodes for it. Daemon-wide on purpose:
+    a spec cannot ask for drains."""
 
     model_config = _MODEL
     enabled: bool = True
@@ -216,6 +223,8 @@ class TrainingConfig(BaseModel):
     backfill_bytes: int = Field(default=1 << 20, ge=0, le=1 << 30)
     max_read_bytes: int = Field(default=1 << 20, ge=1 << 12, le=1 << 30)
     megatron_tz: str | None = Field(default=None, min_length=1, max_length=64)
+    straggler_action: Literal["alert", "drain"] = "alert"
+    straggler_drain_every: Seconds = Field(default=86400.0, gt=0)
 
     @field_validator("megatron_tz")
     @classmethod

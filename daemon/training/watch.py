@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -49,6 +49,9 @@ from .findings import Finding, FindingKind
 from .monitor import MfuInputs, TrainingMonitor, TrainingSnapshot
 from .protocol import MAX_LINE_BYTES, ProgressRecord
 from .reader import ProgressTailer, TailState, never_complete
+
+if TYPE_CHECKING:
+    from ..recovery.straggler_drain import StragglerDrainer
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -94,6 +97,11 @@ class _Watched:
     last_steps: list[tuple[int, float]] = field(default_factory=list)  # two newest (step, time)
     host_step_time: dict[str, float] = field(default_factory=dict)
     saved: str = ""
+    # What the watch was built from, to apply a reloaded [training] (SIGHUP) in place.
+    files: list[tuple[str, bool]] = field(default_factory=list)
+    tspec: TrainingSpec | None = None
+    cfg: TrainingConfig | None = None
+    mfu: MfuInputs | None = None
 
 
 def progress_paths(pattern: str, nodes: Sequence[str], ranks: int) -> list[str]:
@@ -120,7 +128,10 @@ class TrainingWatch:
 
     def __init__(self, store: Store, clock: Clock, config: Callable[[], TrainingConfig], *,
                  state_dir: str | None, output_path: Callable[[Attempt, JobSpec], str | None],
-                 gpus_per_node_default: int = 8) -> None:
+                 gpus_per_node_default: int = 8,
+                 drainer: StragglerDrainer | None = None) -> None:
+        # drainer: acts on a straggler under [training] straggler_action = "drain".
+        self._drainer = drainer
         self._store = store
         self._clock = clock
         self._config = config
@@ -155,7 +166,9 @@ class TrainingWatch:
                     w = self._watch(attempt, cfg)
                     if w is None:
                         continue
-                    found += self._poll(w, cfg, now)
+                    if w.cfg is not cfg and w.cfg != cfg:
+                        self._retune(w, cfg)
+                    found += self._poll(w, cfg, now, attempt)
                     figures[w.run_id] = self._run_figures(w, now)
                     self._save(w)
                 except Exception:  # one run's odd files must not stop the cycle
@@ -235,11 +248,13 @@ class TrainingWatch:
                          host_step_time={str(k): float(v) for k, v in state.get("host_step_time", {}).items()})
             if state.get("figures_at"):
                 w.figures_at = datetime.fromisoformat(state["figures_at"])
+            w.files, w.tspec, w.cfg, w.mfu = files, tspec, cfg, mfu
             return w
         monitor = TrainingMonitor(attempt.run_id, thresholds, attempt_start=start, mfu=mfu,
                                   rate_window_s=cfg.rate_window)
         tailers = [self._tailer(path, megatron, cfg, None) for path, megatron in files]
-        w = _Watched(attempt.id, attempt.run_id, attempt.number, monitor, tailers)
+        w = _Watched(attempt.id, attempt.run_id, attempt.number, monitor, tailers,
+                     files=files, tspec=tspec, cfg=cfg, mfu=mfu)
         # What an earlier daemon already recorded for this attempt is not recorded again.
         kinds = [*TRAINING_FINDINGS, Kind.TRAINING_PROGRESS_PROBLEM, Kind.TRAINING_EXIT_INTENT,
                  Kind.TRAINING_FIGURES]
@@ -256,6 +271,31 @@ class TrainingWatch:
                 step = e.data.get("step")
                 w.known.add((e.kind, e.node, step if isinstance(step, int) else None))
         return w
+
+    def _retune(self, w: _Watched, cfg: TrainingConfig) -> None:
+        """A reloaded ``[training]`` (SIGHUP): the attempt's detectors take the new thresholds
+        (merged again with the spec's overrides) and keep what they saw (through their JSON
+        state, as across a restart); the tailers keep their offsets. Thresholds the spec's
+        overrides do not fit with keep the old ones (logged)."""
+        tspec = w.tspec or TrainingSpec()
+        try:
+            thresholds = cfg.for_run(tspec)
+        except ValueError as exc:  # pydantic's ValidationError is one
+            log.warning("training.reload_refused", error=str(exc).splitlines()[0][:300])
+            w.cfg = cfg
+            return
+        old = w.monitor
+        mfu = w.mfu
+        if mfu is not None:
+            mfu = MfuInputs(mfu.params, mfu.gpus, cfg.peak.per_gpu, mfu.tokens_per_sample)
+        w.monitor = TrainingMonitor.from_state(w.run_id, thresholds, old.to_state(),
+                                               attempt_start=old.attempt_start, mfu=mfu,
+                                               rate_window_s=cfg.rate_window)
+        if w.files and len(w.files) == len(w.tailers):
+            w.tailers = [self._tailer(path, megatron, cfg, t.state)
+                         for (path, megatron), t in zip(w.files, w.tailers, strict=True)]
+        w.cfg, w.mfu = cfg, mfu
+        log.info("training.reconfigured")
 
     def _files(self, attempt: Attempt, spec: JobSpec, tspec: TrainingSpec) -> list[tuple[str, bool]]:
         files: list[tuple[str, bool]] = []
@@ -284,7 +324,9 @@ class TrainingWatch:
         return ProgressTailer(path, max_line_bytes=MAX_LINE_BYTES, max_read_bytes=cfg.max_read_bytes,
                               backfill_bytes=cfg.backfill_bytes, state=state)
 
-    def _poll(self, w: _Watched, cfg: TrainingConfig, now: datetime) -> int:
+    def _poll(self, w: _Watched, cfg: TrainingConfig, now: datetime, attempt: Attempt | None = None) -> int:
+        """Read, judge, record. ``attempt``: the running attempt (None once it ended: its
+        stragglers are not acted on)."""
         events: list[NewEvent] = []
         records: list[ProgressRecord] = []
         for tailer in w.tailers:
@@ -305,6 +347,12 @@ class TrainingWatch:
                 continue
             found += 1
             events.append(self._finding_event(w, kind, f))
+            if (kind is Kind.TRAINING_STRAGGLER and f.host and attempt is not None
+                    and self._drainer is not None and cfg.straggler_action == "drain"):
+                # Drained before the finding is recorded; both recorded together (a crash
+                # in between re-finds it: see b300.recovery.straggler_drain).
+                events.append(self._drainer.decide(attempt, f.host, f.evidence, f.step,
+                                                   cfg.straggler_drain_every, now))
         intent = w.monitor.exit_intent
         if intent is not None and not w.intent_recorded:
             w.intent_recorded = True

@@ -2,10 +2,14 @@
 """Benchmark: one ``GET /metrics`` scrape with ``--runs`` runs in the store.
 
     python tests/bench/bench_metrics.py [--runs 1000] [--active 100] [--scrapes 20] [--renders 1000]
+                                        [--events 0] [--database-url URL]
 
 1. Fills a fresh SQLite store: ``--runs`` runs, ``--active`` of them RUNNING with a
    checkpoint folder, two attempts (one ended by a node failure) and three stored
    checkpoints each; the rest COMPLETED (what a store looks like after months).
+   ``--events N``: also N counted events per run (resubmissions, training findings,
+   step relaunches: what ``/metrics`` counts). ``--database-url``: an empty database
+   instead (e.g. PostgreSQL).
 2. Starts the daemon's metrics server (``b300.metrics.MetricsServer``) on loopback
    and times ``--scrapes`` scrapes over HTTP (store reading included).
 3. Times ``--renders`` renderings of one snapshot (the exposition format alone, no
@@ -28,6 +32,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 
 from b300.health import CycleSnapshot
+from b300.interfaces import NewEvent
 from b300.logs import configure_logging
 from b300.metrics import MetricsServer, collect_metrics, render_metrics
 from b300.model import AttemptState, CheckpointInfo, RunState
@@ -63,6 +68,26 @@ def fill(store: SqlStore, runs: int, active: int, now: datetime) -> None:
             store.set_run_state(run_id, RunState.COMPLETED, now)
 
 
+#: What /metrics counts, in the mix ``--events`` appends (payloads as the daemon writes them).
+COUNTED = (("recovery.resubmit", {"outcome": "INFRA", "resume_from": "/ckpt/x/step_2", "suspects": ["gpu02"],
+                                  "checkpoints_checked": 3}),
+           ("training.straggler", {"evidence": "gpu02 took 1.3 s for step 100, 1.6x the median 0.8 s "
+                                   "of the other 1 host(s), for 10 steps in a row", "host": "gpu02",
+                                   "value": 1.3, "threshold": 1.04, "step": 100}),
+           ("training.loss_spike", {"evidence": "loss 9.1 at step 120 above 2.8", "value": 9.1,
+                                    "threshold": 2.8, "step": 120}),
+           ("attempt.step_relaunch", {"job_id": 100_001, "generation": 1, "exclude": ["gpu02"],
+                                      "outcome": "INFRA", "spares_left": 0, "cause": "dead"}))
+
+
+def add_events(store: SqlStore, runs: int, per_run: int, now: datetime) -> None:
+    for i in range(runs):
+        run_id = f"run-{i:05d}"
+        store.append_events([NewEvent(COUNTED[k % len(COUNTED)][0], run_id=run_id,
+                                      node="gpu02", data=COUNTED[k % len(COUNTED)][1])
+                             for k in range(per_run)], now - timedelta(hours=1))
+
+
 def _ms(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"median_ms": round(statistics.median(ordered) * 1000, 3),
@@ -76,14 +101,18 @@ def main() -> int:
     ap.add_argument("--active", type=int, default=100, help="of --runs, how many are RUNNING")
     ap.add_argument("--scrapes", type=int, default=20)
     ap.add_argument("--renders", type=int, default=1000)
+    ap.add_argument("--events", type=int, default=0, help="counted events per run")
+    ap.add_argument("--database-url", default=None, help="an empty database (default: SQLite in a temp dir)")
     args = ap.parse_args()
     configure_logging("json", "warning")  # no debug line per request in the timing
     now = datetime.now(UTC)
     cycle = CycleSnapshot(1, 0, 0.01, time.time(), None)
     with tempfile.TemporaryDirectory(prefix="b300-bench-metrics-") as tmp:
-        store = open_store(f"sqlite:///{os.path.join(tmp, 'state.db')}")
+        store = open_store(args.database_url or f"sqlite:///{os.path.join(tmp, 'state.db')}")
         t0 = time.perf_counter()
         fill(store, args.runs, min(args.active, args.runs), now)
+        if args.events:
+            add_events(store, args.runs, args.events, now)
         fill_s = time.perf_counter() - t0
 
         server = MetricsServer("127.0.0.1", 0, lambda: collect_metrics(store, cycle, datetime.now(UTC)))
@@ -108,7 +137,8 @@ def main() -> int:
             renders.append(time.perf_counter() - t)
         store.close()
 
-    figures = {"runs": args.runs, "active": min(args.active, args.runs), "fill_s": round(fill_s, 1),
+    figures = {"runs": args.runs, "events_per_run": args.events, "active": min(args.active, args.runs),
+               "fill_s": round(fill_s, 1),
                "scrape": _ms(scrapes), "scrapes": args.scrapes, "body_bytes": size,
                "render": _ms(renders), "renders": args.renders, "render_bytes": len(text.encode()),
                "load": os.getloadavg()[0]}
