@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -60,11 +61,11 @@ def _spec(tmp_path: Path) -> Path:
     return spec
 
 
-def _daemon(tmp_path: Path, conf: str) -> DaemonHandle:
+def _daemon(tmp_path: Path, conf: str, pool: int = 2) -> DaemonHandle:
     d = make_daemon(tmp_path, conf, poll_interval="1s")
     with d.config.open("a") as f:
         f.write('[recovery]\nsettle = "5s"\n[spares]\nenabled = true\nrefill_interval_s = 2.0\n'
-                '[[spares.pool]]\npartition = "batch"\nnodes = 2\n')
+                f'[[spares.pool]]\npartition = "batch"\nnodes = {pool}\n')
     return d
 
 
@@ -163,6 +164,53 @@ def test_a_resubmitted_run_starts_at_once_in_the_spare_pool(tmp_path: Path, conf
         done = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
         assert done["run"]["state"] == "COMPLETED", done["events"][-6:]
         assert OTHER_USER and _job(conf, busy[0])["state"] == "RUNNING"
+    finally:
+        d.cleanup()
+        if busy:
+            slurm_cmd(conf, "scancel", *map(str, busy))
+        if victim:
+            subprocess_quiet(conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
+
+
+def test_a_pool_too_small_for_the_job_leaves_the_plain_resubmission(tmp_path: Path, conf: str) -> None:
+    """K = 1 for a 2-node run: the new job goes to the queue (and waits there: every
+    other node is busy), and the pool's node is not handed to it nor to anyone else."""
+    d = _daemon(tmp_path, conf, pool=1)
+    busy: list[int] = []
+    victim = ""
+    d.start()
+    try:
+        wait_for(lambda: len(_pool_nodes(conf)) == 1, 60, "the daemon to create its 1-node pool")
+        pool = _pool_nodes(conf)
+        run_id = d.submit(_spec(tmp_path))
+        first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
+        all_nodes = set(slurm_cmd(conf, "sinfo", "--noheader", "--Node", "--format=%N").split())
+        others = sorted(all_nodes - set(first["nodes"]) - set(pool))
+        busy.append(_other_user(conf, f"--nodes={len(others)}", f"--nodelist={','.join(others)}",
+                                "--time=20", "--wrap", "sleep 900"))
+        wait_for(lambda: _job(conf, busy[0])["state"] == "RUNNING", 60, "the other user's job")
+        wait_for(lambda: _progress(tmp_path) >= 7, 120, "training past the first checkpoint")
+        victim = first["nodes"][-1]
+        slurm_cmd(conf, "scontrol", "update", f"NodeName={victim}", "State=DOWN",
+                  "Reason=test-node-failure")
+        wait_for(lambda: len(d.run(run_id)["attempts"]) >= 2
+                 and d.run(run_id)["attempts"][1]["job_id"] is not None, 120, "the resubmission")
+        status = d.run(run_id)
+        a2 = status["attempts"][1]
+        [intent] = [e for e in status["events"] if e["kind"] == "attempt.intent"
+                    and e["data"].get("resubmit")]
+        assert "reservation" not in intent["data"], intent
+        assert not [e for e in status["events"] if e["kind"] == "spares.used"]
+        job = _job(conf, a2["job_id"])
+        assert job["reservation"] == "(null)", job
+        # It waits for a second node (the victim is drained, the rest busy); the pool's idle
+        # node stays in the pool, unused, through several refills.
+        for _ in range(5):
+            time.sleep(1.0)
+            assert _job(conf, a2["job_id"])["state"] == "PENDING"
+            assert _pool_nodes(conf) == pool
+        idle = slurm_cmd(conf, "sinfo", "--noheader", "--Node", f"--nodes={pool[0]}", "--format=%T")
+        assert idle.strip() in {"idle", "reserved"}, idle
     finally:
         d.cleanup()
         if busy:

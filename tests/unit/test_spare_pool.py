@@ -136,3 +136,37 @@ def test_placement_needs_every_node_of_the_job_in_the_pool() -> None:
                  avoid=set()) is None
     assert place(reservation=pool, partition="gpu", needed=3, nodes_now=_states(), excluded=set(),
                  avoid=set()) is not None
+
+
+def test_the_pool_is_a_metric_and_a_b300ctl_nodes_table(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from b300.cli.nodes import spare_pools
+    from b300.events import Kind
+    from b300.health import CycleSnapshot
+    from b300.interfaces import NewEvent
+    from b300.metrics import collect_metrics, render_metrics
+    from b300.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    try:
+        now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+        for idle in (["gpu05", "gpu06"], ["gpu06"]):   # the latest record of a pool wins
+            store.append_events([NewEvent(Kind.SPARES_POOL, actor="spares", data={
+                "partition": "gpu", "reservation": "b300-spares-gpu", "wanted": 2,
+                "nodes": ["gpu05", "gpu06"], "idle": idle, "held": ["gpu05"][:2 - len(idle)]})], now)
+        m = collect_metrics(store, CycleSnapshot(1, 0, 0.1, None, None), now)
+        assert m.spare_pool_nodes == {"gpu": 1}
+        assert 'b300_spare_pool_nodes{partition="gpu"} 1.0' in render_metrics(m)
+        [pool] = spare_pools(store.events(kinds=[Kind.SPARES_POOL]))
+        assert (pool["reservation"], pool["wanted"], pool["idle"], pool["held"]) == (
+            "b300-spares-gpu", 2, ["gpu06"], ["gpu05"])
+    finally:
+        store.close()
+    # No pool configured: no such metric at all.
+    empty = open_store(f"sqlite:///{tmp_path}/empty.db")
+    try:
+        none = collect_metrics(empty, CycleSnapshot(1, 0, 0.1, None, None), now)
+    finally:
+        empty.close()
+    assert none.spare_pool_nodes == {} and "b300_spare_pool_nodes" not in render_metrics(none)
