@@ -43,7 +43,7 @@ class SparePools:
         # fallback to it), fenced like every change.
         self._store, self._slurm, self._clock, self._config = store, slurm, clock, config
         self._avoid, self._recovering = avoid, recovering
-        self._last: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._last: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
         self._next_at = 0.0
 
     # -- reads ------------------------------------------------------------
@@ -113,10 +113,10 @@ class SparePools:
         nodes = (plan.nodes if plan.nodes is not None else (mine.nodes if mine else ())) \
             if plan else (mine.nodes if mine else ())
         idle = plan.idle if plan else ()
-        key = (tuple(nodes), tuple(idle))
+        key = (tuple(nodes), tuple(idle), error)
         first = pool.partition not in self._last
-        if not first and self._last[pool.partition] == key and error is None:
-            return
+        if not first and self._last[pool.partition] == key:
+            return   # one record per change (a refusal repeated every interval is one)
         self._last[pool.partition] = key
         data: dict[str, object] = {
             "partition": pool.partition, "reservation": pool.reservation, "wanted": pool.nodes,
