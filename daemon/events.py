@@ -44,6 +44,9 @@ class Kind(enum.StrEnum):
     EXCLUSIONS_ENDED = "exclusions.ended"
     EXCLUSIONS_TRIMMED = "exclusions.trimmed"
     # recovery
+    # the daemon-held spare pool (b300.spares): its reservation changed; a job placed in it
+    SPARES_POOL = "spares.pool"
+    SPARES_USED = "spares.used"
     RECOVERY_WAITING = "recovery.waiting"
     RECOVERY_RESUBMIT = "recovery.resubmit"
     RECOVERY_STOPPED = "recovery.stopped"
@@ -136,7 +139,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.RUN_CREATED: frozenset({"name"}),
     Kind.RUN_STATE: frozenset({"from", "to"}),
     Kind.RUN_CANCEL: frozenset({"job_id"}),
-    Kind.ATTEMPT_INTENT: _EXCLUSIONS,
+    Kind.ATTEMPT_INTENT: _EXCLUSIONS | {"reservation"},
     Kind.ATTEMPT_SUBMITTED: _SUBMIT,
     Kind.ATTEMPT_SUBMIT_DEFERRED: frozenset({"error"}),
     Kind.ATTEMPT_SUBMIT_REFUSED: frozenset({"error"}),
@@ -156,6 +159,10 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_STEP_STARTED: frozenset({"job_id", "generation", "step_id", "nodes", "exclude"}),
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
+    Kind.SPARES_POOL: frozenset({"partition", "reservation", "wanted", "nodes", "idle", "held", "added",
+                                 "removed", "short", "error", "adopted"}),
+    Kind.SPARES_USED: frozenset({"partition", "reservation", "needed", "usable", "nodes", "job_id",
+                                 "refused", "error"}),
     Kind.RECOVERY_WAITING: frozenset({"why", "log"}),
     Kind.RECOVERY_RESUBMIT: frozenset({"outcome", "resume_from", "suspects", "checkpoints_checked"}),
     Kind.RECOVERY_STOPPED: frozenset({"why"}),

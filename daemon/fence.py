@@ -113,6 +113,19 @@ class FencedSlurm:
         self._fence.check(f"exclude nodes of job {job_id}")
         self._inner.exclude_nodes(job_id, nodes)
 
+    def create_reservation(self, name: str, nodes: Sequence[str], *, users: str,
+                           partition: str) -> None:
+        self._fence.check(f"create reservation {name}")
+        self._inner.create_reservation(name, nodes, users=users, partition=partition)  # type: ignore[attr-defined]
+
+    def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        self._fence.check(f"update reservation {name}")
+        self._inner.update_reservation(name, nodes)  # type: ignore[attr-defined]
+
+    def delete_reservation(self, name: str) -> None:
+        self._fence.check(f"delete reservation {name}")
+        self._inner.delete_reservation(name)  # type: ignore[attr-defined]
+
     def ensure_node_down_trigger(self, program: str) -> bool:
         self._fence.check("strigger --set")
         return self._inner.ensure_node_down_trigger(program)

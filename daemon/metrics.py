@@ -70,6 +70,7 @@ class MetricsSnapshot:
     training: dict[str, RunFigures] = field(default_factory=dict)
     training_findings: dict[tuple[str, str], int] = field(default_factory=dict)
     step_relaunches_total: int = 0   # in-allocation restarts (spare_nodes)
+    spare_pool_nodes: dict[str, int] = field(default_factory=dict)  # [spares]: idle nodes per partition
 
 
 #: The per-run schedule gauges: (key in ``checkpoint_schedule``, metric name, HELP).
@@ -119,6 +120,12 @@ def metric_families(m: MetricsSnapshot) -> list[Metric]:
             _counter("b300_step_relaunches_total", "training steps relaunched on a spare node in the "
                      "same job (spare_nodes)", m.step_relaunches_total),
             _gauge("b300_nodes_drained", "nodes in a DRAIN state as last seen", m.nodes_drained)]
+    if m.spare_pool_nodes:
+        pool = GaugeMetricFamily("b300_spare_pool_nodes", "idle healthy nodes in the daemon's spare "
+                                 "pool (reservation) per partition", labels=["partition"])
+        for partition, count in sorted(m.spare_pool_nodes.items()):
+            pool.add_metric([partition], count)
+        out.append(pool)
     if m.drift_findings_open is not None:
         out.append(_gauge("b300_drift_findings_open", "open version drift findings", m.drift_findings_open))
     out.append(_per_run("b300_checkpoint_newest_age_seconds", "age of the newest complete checkpoint per run",
@@ -254,6 +261,9 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
             if kind in finding_kinds:
                 key = (run_id or "", kind.removeprefix("training."))
                 findings[key] = findings.get(key, 0) + n
+        pools: dict[str, int] = {}
+        for e in store.events(kinds=[Kind.SPARES_POOL]):   # one per change; the latest per partition wins
+            pools[str(e.data.get("partition"))] = len(e.data.get("idle") or [])
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
@@ -298,7 +308,7 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         return MetricsSnapshot(cycle=cycle, store_up=False)
     return MetricsSnapshot(cycle, True, by_state, recoveries, drained, drift_open, ages, lags,
                            checkpoint_schedule=schedules, training_findings=findings,
-                           step_relaunches_total=relaunched)
+                           step_relaunches_total=relaunched, spare_pool_nodes=pools)
 
 
 def _schedule_figures(s: RunSchedule) -> dict[str, float]:

@@ -229,6 +229,7 @@ class SubmitRequest:
     ntasks_per_node: int | None = None
     requeue: bool = False
     no_kill: bool = False  # sbatch --no-kill: a failed node leaves the job, the job goes on
+    reservation: str | None = None  # sbatch --reservation: the daemon's spare pool (b300.spares)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -29,6 +30,9 @@ from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_e
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
 from .spec import JobSpec, spec_of
+
+if TYPE_CHECKING:
+    from .spares.pool import Placement
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -67,8 +71,13 @@ class RunActions:
         avoid_nodes: Callable[[], Iterable[str]] | None = None,
         black_holes: Callable[[], Iterable[str]] | None = None,
         plugins: PluginRegistry | None = None,
+        spares: Callable[[JobSpec, Sequence[str]], Placement | None] | None = None,
+        on_placed: Callable[[], None] | None = None,
     ) -> None:
         self._plugins = plugins
+        # spares: the spare pool's placement of a resubmitted attempt (b300.spares), or None.
+        self._spares = spares
+        self._on_placed = on_placed or (lambda: None)
         # avoid_nodes: nodes no new attempt may land on (open drift findings);
         # black_holes: nodes inside the black-hole window now.
         self._avoid = avoid_nodes or (lambda: ())
@@ -163,13 +172,18 @@ class RunActions:
             "resume": chosen, "exclusions": [e.to_dict() for e in plan.kept]}
         if checked:
             data["checkpoints_checked"] = list(checked)
+        # The spare pool (b300.spares): into its reservation when it holds every node the
+        # job needs, outside the exclusions; else the queue, as without a pool.
+        placement = self._spares(spec, plan.nodes) if self._spares is not None else None
+        if placement is not None:
+            data["reservation"] = placement.reservation
         attempt = self._store.begin_attempt(
             run_id, now, excluded_nodes=plan.nodes, resume_from=resume_from, events=[
                 NewEvent(Kind.ATTEMPT_INTENT, run_id=run_id, actor=actor, data=data),
                 *self._plan_events(run_id, plan, actor),
             ])
         self._set_run_state(run_id, attempt)
-        self._sbatch(attempt, spec)
+        self._sbatch(attempt, spec, placement=placement)
         return self._store.get_run(run_id)
 
     def plan_exclusions(self, spec: JobSpec, candidates: Sequence[Exclusion],
@@ -255,13 +269,22 @@ class RunActions:
             return attempt
         run = self._store.get_run(attempt.run_id)
         spec = spec_of(run)
-        return self._sbatch(attempt, spec)
+        return self._sbatch(attempt, spec, reservation=self._intended_reservation(attempt))
 
-    def _sbatch(self, attempt: Attempt, spec: JobSpec) -> Attempt:
+    def _intended_reservation(self, attempt: Attempt) -> str | None:
+        """The spare pool the attempt's intent chose (a crash between intent and sbatch)."""
+        intents = [e for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_INTENT])
+                   if e.attempt_id == attempt.id]
+        found = intents[-1].data.get("reservation") if intents else None
+        return found if isinstance(found, str) else None
+
+    def _sbatch(self, attempt: Attempt, spec: JobSpec, *, placement: Placement | None = None,
+                reservation: str | None = None) -> Attempt:
+        reservation = placement.reservation if placement is not None else reservation
         request = build_request(
             spec, run_id=attempt.run_id, attempt=attempt.number,
             resume_from=attempt.resume_from, excluded_nodes=attempt.excluded_nodes,
-            log_dir=self._log_dir,
+            log_dir=self._log_dir, reservation=reservation,
         )
         if self._log_dir and not spec.output:
             os.makedirs(self._log_dir, mode=0o750, exist_ok=True)
@@ -277,6 +300,13 @@ class RunActions:
                     data={"error": str(exc)})], now)
                 log.warning("attempt.submit_deferred", run=attempt.run_id, error=str(exc))
                 return attempt
+            if reservation and attempt.state is AttemptState.SUBMITTING:
+                # The pool is never what makes a run fail: Slurm refused the job in the
+                # reservation (gone, changed), so it goes to the queue as without a pool.
+                self._store.append_events([NewEvent(
+                    Kind.SPARES_USED, run_id=attempt.run_id, attempt_id=attempt.id,
+                    data={"reservation": reservation, "refused": True, "error": str(exc)[:300]})], now)
+                return self._sbatch(attempt, spec)
             if (_NOT_AVAILABLE in str(exc) and attempt.excluded_nodes
                     and attempt.state is AttemptState.SUBMITTING):
                 # Exclusions must never be what makes a run fail: Slurm skips bad nodes
@@ -296,10 +326,19 @@ class RunActions:
             raise
         crashpoint("after_sbatch", attempt.number)
         now = self._clock()
-        confirmed = self._store.confirm_attempt(attempt.id, job_id, now, events=[
-            NewEvent(Kind.ATTEMPT_SUBMITTED, run_id=attempt.run_id, attempt_id=attempt.id,
-                     data={"job_id": job_id, "job_name": request.job_name,
-                           "exclude": list(request.excluded_nodes)})])
+        events = [NewEvent(Kind.ATTEMPT_SUBMITTED, run_id=attempt.run_id, attempt_id=attempt.id,
+                           data={"job_id": job_id, "job_name": request.job_name,
+                                 "exclude": list(request.excluded_nodes)})]
+        if reservation:
+            used: dict[str, object] = {"reservation": reservation, "job_id": job_id,
+                                       "needed": request.nodes}
+            if placement is not None:
+                used.update(partition=placement.partition, usable=list(placement.usable))
+            events.append(NewEvent(Kind.SPARES_USED, run_id=attempt.run_id, attempt_id=attempt.id,
+                                   data=used))
+        confirmed = self._store.confirm_attempt(attempt.id, job_id, now, events=events)
+        if reservation:
+            self._on_placed()
         self._set_run_state(attempt.run_id, confirmed)
         log.info("attempt.submitted", run=attempt.run_id, attempt=attempt.number, job_id=job_id)
         return confirmed

@@ -29,6 +29,7 @@ from ..health import CycleHealth
 from ..interfaces import SlurmClient, Store
 from ..lease import DbLease
 from ..logs import configure_logging
+from ..model import RunState
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
@@ -36,6 +37,7 @@ from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
+from ..spares.watch import SparePools
 from ..spec import spec_of
 from ..training.watch import TrainingWatch
 from .daemon import CycleRunner, Daemon, DaemonParts
@@ -75,11 +77,22 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     drift = make_drift_watch(config.drift, store, slurm, lock, clock, plugins)
     recovery_on = config.recovery.enabled
     recoverer: Recoverer | None = None
+
+    def avoid() -> set[str]:
+        """Nodes no new attempt may land on: open drift findings, black holes."""
+        return _drifted_nodes(drift, store, slurm) | (recoverer.black_hole_nodes() if recoverer else set())
+
+    # The daemon-held spare pools ([spares], b300.spares): refilled by the cycle, asked by
+    # every resubmission. With no pool configured they do nothing and ask Slurm nothing.
+    spares = SparePools(store, slurm, clock, lambda: current.get().spares, avoid=avoid,
+                        recovering=lambda partition: _waiting_in(store, partition))
+    pools_on = bool(config.spares.pools)
     actions = RunActions(store, slurm, clock, submit_grace_s=config.submit_grace_s,
                          job_log_dir=config.job_log_dir,
                          avoid_nodes=lambda: _drifted_nodes(drift, store, slurm),
                          black_holes=lambda: recoverer.black_hole_nodes() if recoverer else set(),
-                         plugins=plugins)
+                         plugins=plugins, spares=spares.placement if pools_on else None,
+                         on_placed=spares.placed)
     scheduler = BackgroundScheduler(timezone=UTC)
     cycles_box: list[CycleRunner] = []
 
@@ -111,7 +124,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     hangs = HangWatch(store, slurm, clock, progress=training.progress_step) if recovery_on else None
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
-                      recoverer=recoverer, hangs=hangs, training=training)
+                      recoverer=recoverer, hangs=hangs, training=training,
+                      spares=spares if pools_on else None)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)
@@ -191,6 +205,20 @@ def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: thr
     relauncher = StepRelauncher(store, clock, log_dir=config.job_log_dir, plugins=plugins)
     return NodeLossWatch(store, slurm, monitor, lock=lock, clock=clock, wake=wake,
                          settle_s=config.recovery.settle_s, relauncher=relauncher)
+
+
+def _waiting_in(store: Store, partition: str) -> bool:
+    """A run of the daemon in ``partition`` is between attempts or waiting for its job to
+    start: a pool keeps its surplus idle nodes (the run's survivors) for it meanwhile."""
+    for run in store.list_runs():
+        if run.state.is_terminal or run.state is RunState.RUNNING:
+            continue
+        try:
+            if spec_of(run).partition == partition:
+                return True
+        except B300Error:
+            continue
+    return False
 
 
 def _detect_window_s(config: Config) -> float:

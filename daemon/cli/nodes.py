@@ -27,16 +27,21 @@ def run_nodes(ctx: Context, args: argparse.Namespace) -> int:
             else:
                 print(f"resumed {result['node']}")
         return code
-    return show(ctx.json, _node_rows(ctx), _print_nodes)
+    rows, pools = _node_rows(ctx)
+    code = show(ctx.json, rows, _print_nodes)
+    if pools and not ctx.json:
+        _print_pools(pools)
+    return code
 
 
-def _node_rows(ctx: Context) -> list[dict[str, Any]]:
+def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from ..events import DRAINS, NODE_HISTORY, Kind
 
     store = ctx.open_store()
     try:
         nodes = store.list_nodes()
         history = store.events(kinds=list(NODE_HISTORY))
+        pool_events = store.events(kinds=[Kind.SPARES_POOL])
     finally:
         store.close()
     rows: list[dict[str, Any]] = []
@@ -55,7 +60,24 @@ def _node_rows(ctx: Context) -> list[dict[str, Any]]:
                          "actor": e.actor, "data": e.data}
                         for e in mine if e.kind != Kind.NODE_STATE][-_HISTORY_SHOWN:],
         })
-    return rows
+    return rows, spare_pools(pool_events)
+
+
+def spare_pools(events: list[Event]) -> list[dict[str, Any]]:
+    """The daemon's spare pools as last recorded (one ``spares.pool`` event per change)."""
+    last: dict[str, dict[str, Any]] = {}
+    for e in events:
+        last[str(e.data.get("reservation"))] = {**e.data, "ts": e.ts.isoformat()}
+    return [last[k] for k in sorted(last)]
+
+
+def _print_pools(pools: list[dict[str, Any]]) -> None:
+    print()
+    table = [["SPARE POOL", "PARTITION", "WANTED", "IDLE", "IN USE", "NODES"]]
+    table += [[p["reservation"], str(p.get("partition", "")), str(p.get("wanted", "")),
+               str(len(p.get("idle", []))), str(len(p.get("held", []))),
+               ",".join(p.get("nodes", [])) or "-"] for p in pools]
+    print_table(table)
 
 
 def _print_nodes(rows: list[dict[str, Any]]) -> None:

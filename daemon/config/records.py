@@ -18,6 +18,7 @@ from .ops import AlertsConfig, MetricsConfig, ReportConfig
 
 if TYPE_CHECKING:
     from ..liveness.config import LivenessConfig
+    from ..spares.config import SparesConfig
     from ..training.config import TrainingConfig
 
 
@@ -45,6 +46,13 @@ def _training_defaults() -> TrainingConfig:
     from ..training.config import TrainingConfig
 
     return TrainingConfig()
+
+
+def _spares_defaults() -> SparesConfig:
+    # [spares] is a pydantic model too (b300.spares.config), imported when first needed.
+    from ..spares.config import SparesConfig
+
+    return SparesConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     drill: DrillConfig = field(default_factory=DrillConfig)  # [drill]: b300ctl drill
+    spares: SparesConfig = field(default_factory=_spares_defaults)  # [spares]: b300.spares
 
 
 def trigger_program(cfg: Config) -> str:

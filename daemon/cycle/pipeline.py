@@ -38,6 +38,7 @@ from ..model import AttemptState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
+from ..spares.watch import SparePools
 from ..training.watch import TrainingWatch
 from .track import AttemptTracker
 from .view import ClusterObserver
@@ -74,7 +75,9 @@ class PollCycle:
         recoverer: Recoverer | None = None,
         hangs: HangWatch | None = None,
         training: TrainingWatch | None = None,
+        spares: SparePools | None = None,
     ) -> None:
+        self._spares = spares
         self._store = store
         self._slurm = slurm
         self._actions = actions
@@ -125,6 +128,12 @@ class PollCycle:
                 report.changed += self._recoverer.recover_all(view)
         except SlurmError as exc:
             report.errors.append(f"recovery: {exc}")
+        if self._spares is not None:
+            # After recovery: a job just placed in a pool is counted, its nodes refilled.
+            try:
+                self._spares.upkeep()
+            except SlurmError as exc:
+                report.errors.append(f"spares: {exc}")
         report.slurm_calls = _calls(self._slurm) - calls0
         report.cpu_s = time.process_time() - cpu0
         report.wall_s = time.monotonic() - wall0

@@ -133,6 +133,8 @@ class CliSlurmClient:
         argv.append("--requeue" if request.requeue else "--no-requeue")
         if request.no_kill:
             argv.append("--no-kill")
+        if request.reservation:
+            argv.append(f"--reservation={_resv(request.reservation)}")
         # The script comes on stdin: nothing is written to a shared folder.
         return parse_sbatch(self._call(argv, stdin=request.script, env=self._job_env))
 
@@ -242,6 +244,32 @@ class CliSlurmClient:
         self._call(["scontrol", "update", f"JobId={int(job_id)}",
                     f"ExcNodeList={fold_nodes(names)}"])
 
+    # -- the daemon's spare pools (b300.spares): its own reservations ------
+
+    def reservation_list(self) -> str:
+        """What ``scontrol show reservation -o`` prints (b300.spares.pool parses it)."""
+        return self._call(["scontrol", "show", "reservation", "-o"])
+
+    def create_reservation(self, name: str, nodes: Sequence[str], *, users: str,
+                           partition: str) -> None:
+        """A reservation of ``nodes`` from now on, with no end (Duration=infinite), that only
+        ``users`` may run in, and only jobs that name it. No flag: not MAINT (its nodes would
+        count as maintenance in accounting, and it may overlap other reservations), never
+        IGNORE_JOBS (Slurm then refuses nodes a job uses, a second guard), no REPLACE
+        (the daemon picks the nodes itself: drift-clean ones)."""
+        names = [check_node_name(n) for n in nodes]
+        self._call(["scontrol", "create", "reservation", f"ReservationName={_resv(name)}",
+                    f"Users={_user(users)}", f"PartitionName={_word(partition)}",
+                    f"Nodes={fold_nodes(names)}", "StartTime=now", "Duration=infinite"])
+
+    def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        names = [check_node_name(n) for n in nodes]
+        self._call(["scontrol", "update", f"ReservationName={_resv(name)}",
+                    f"Nodes={fold_nodes(names)}"])
+
+    def delete_reservation(self, name: str) -> None:
+        self._call(["scontrol", "delete", f"ReservationName={_resv(name)}"])
+
     def ensure_node_down_trigger(self, program: str) -> bool:
         if not re.fullmatch(r"/[A-Za-z0-9._/-]{1,200}", program):
             raise SlurmError(f"bad trigger program path {program!r}", transient=False)
@@ -272,6 +300,18 @@ class CliSlurmClient:
         for trig_id in ids:
             self._call(["strigger", "--clear", f"--id={trig_id}"])
         return len(ids)
+
+
+def _resv(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", name):
+        raise SlurmError(f"bad reservation name {name!r}", transient=False)
+    return name
+
+
+def _user(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", name):
+        raise SlurmError(f"bad user name {name!r}", transient=False)
+    return name
 
 
 def _word(word: str) -> str:

@@ -303,6 +303,7 @@ def submit_description(request: SubmitRequest, environment: Mapping[str, str]) -
         "excluded_nodes": [check_node_name(n) for n in request.excluded_nodes] or None,
         "is_requeueable": request.requeue, "environment": dict(environment),
         "kill_on_node_fail": False if request.no_kill else None,
+        "reservations": request.reservation,
     }
     return {k: v for k, v in desc.items() if v is not None and v != ""}
 
@@ -435,6 +436,27 @@ class PyslurmClient:
             self._fallback.exclude_nodes(job_id, [])
         else:
             raise SlurmError("pyslurm cannot clear an excluded node list", transient=False)
+
+    # The spare pools' reservations: through the command-line tools (``fallback``).
+
+    def _cli(self, what: str) -> Any:
+        if self._fallback is None:
+            raise SlurmError(f"the pyslurm backend needs the Slurm command-line tools for {what}",
+                             transient=False)
+        return self._fallback
+
+    def reservation_list(self) -> str:
+        return str(self._cli("reservations").reservation_list())
+
+    def create_reservation(self, name: str, nodes: Sequence[str], *, users: str,
+                           partition: str) -> None:
+        self._cli("reservations").create_reservation(name, nodes, users=users, partition=partition)
+
+    def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        self._cli("reservations").update_reservation(name, nodes)
+
+    def delete_reservation(self, name: str) -> None:
+        self._cli("reservations").delete_reservation(name)
 
     def ensure_node_down_trigger(self, program: str) -> bool:
         # pyslurm has no trigger API; the command-line tools have.

@@ -125,6 +125,7 @@ def build_request(
     resume_from: str | None = None,
     excluded_nodes: tuple[str, ...] = (),
     log_dir: str | None = None,
+    reservation: str | None = None,
 ) -> SubmitRequest:
     """Everything sbatch needs for this attempt.
 
@@ -150,4 +151,5 @@ def build_request(
         ntasks_per_node=spec.ntasks_per_node,
         requeue=spec.requeue,
         no_kill=spec.spare_nodes > 0,
+        reservation=reservation,
     )

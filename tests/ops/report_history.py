@@ -95,7 +95,8 @@ def build_history(store: SqlStore) -> Expected:
     a3_start = a3_created + timedelta(hours=1)
     # Both resume from checkpoints pruned since (their steps unknown to the report).
     _attempt(store, "run-a", a3_created, 1003, a3_start, None, AttemptState.RUNNING, ["gpu01", "gpu03"],
-             resume_from="/lustre/ckpt/llama-a/step880", progress=[(timedelta(minutes=12), 880), (timedelta(minutes=20), 900), (timedelta(hours=2), 1200)])
+             resume_from="/lustre/ckpt/llama-a/step880",
+             progress=[(timedelta(minutes=12), 880), (timedelta(minutes=20), 900), (timedelta(hours=2), 1200)])
     store.set_run_state("run-a", RunState.RUNNING, a3_start)
     # Its checkpoints: two replicated to s3, the newest not yet.
     ckpts = store.checkpoints

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from ...errors import ConfigError
 from ...liveness.config import LivenessConfig
+from ...spares.config import SparesConfig
 from ...training.config import TrainingConfig
 from ..records import Config, RecoveryConfig
 from ..types import Table, problem, validate
@@ -36,6 +37,7 @@ class ConfigFile(Table):
     metrics: MetricsTable = Field(default_factory=MetricsTable)
     alerts: AlertsTable = Field(default_factory=AlertsTable)
     drill: DrillTable = Field(default_factory=DrillTable)  # b300ctl drill
+    spares: SparesConfig = Field(default_factory=SparesConfig)  # the daemon-held spare pools
 
     @model_validator(mode="after")
     def _alert_mail_has_smtp(self) -> ConfigFile:
@@ -77,4 +79,5 @@ def config_from_toml(doc: dict[str, Any], path: str) -> Config:
         metrics=metrics_config(f.metrics),
         alerts=alerts_config(f.alerts),
         drill=drill_config(f.drill),
+        spares=f.spares,
     )

@@ -1,0 +1,158 @@
+"""The spare pools on the Slurm side: refilled each ``refill_interval_s`` (from the poll
+cycle, under the action lock), asked by a resubmission for a placement, and recorded.
+
+The pool is Slurm state: the reservation is found by its name at every upkeep, so a
+restarted (or failed-over) daemon adopts it as it is. Every change of a pool (and the
+first look after a start) is a ``spares.pool`` event, which ``b300ctl nodes`` and the
+``b300_spare_pool_nodes`` metric read.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable, Collection
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from ..errors import SlurmError
+from ..events import Kind
+from ..interfaces import NewEvent, Store
+from ..spec import JobSpec
+from .config import PoolTable, SparesConfig
+from .pool import Placement, PoolPlan, Reservation, node_states, parse_reservations, place, refill
+
+log = structlog.get_logger(__name__)
+
+
+def daemon_user() -> str:
+    """The user b300d runs as: the one its jobs are submitted as."""
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+class SparePools:
+    """The daemon's spare pools (``[spares]``). Not thread-safe: callers hold the action lock."""
+
+    def __init__(self, store: Store, slurm: Any, clock: Callable[[], datetime],
+                 config: Callable[[], SparesConfig], *,
+                 avoid: Callable[[], Collection[str]] = lambda: (),
+                 recovering: Callable[[str], bool] = lambda _p: False) -> None:
+        # ``slurm``: a SlurmClient with the reservation calls (the cli client, or pyslurm's
+        # fallback to it), fenced like every change.
+        self._store, self._slurm, self._clock, self._config = store, slurm, clock, config
+        self._avoid, self._recovering = avoid, recovering
+        self._last: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
+        self._next_at = 0.0
+
+    # -- reads ------------------------------------------------------------
+
+    def _reservations(self) -> dict[str, Reservation]:
+        return {r.name: r for r in parse_reservations(self._slurm.reservation_list())}
+
+    def _user(self, cfg: SparesConfig) -> str:
+        return cfg.user or daemon_user()
+
+    # -- refill -----------------------------------------------------------
+
+    def upkeep(self, *, force: bool = False) -> list[PoolPlan]:
+        """Refill every pool if ``refill_interval_s`` passed (or ``force``); the plans made."""
+        cfg = self._config()
+        if not cfg.pools:
+            return []
+        now = self._clock().timestamp()
+        if not force and now < self._next_at:
+            return []
+        self._next_at = now + cfg.refill_interval_s
+        try:
+            reservations = self._reservations()
+            states = node_states(self._slurm.nodes())
+        except SlurmError as exc:
+            log.warning("spares.unknown", error=str(exc))
+            return []
+        avoid = set(self._avoid())
+        plans = []
+        for pool in cfg.pools:
+            try:
+                plans.append(self._refill(cfg, pool, reservations, states, avoid))
+            except SlurmError as exc:
+                log.warning("spares.refill_failed", partition=pool.partition, error=str(exc))
+                self._record(pool, reservations.get(pool.reservation), None, error=str(exc)[:300])
+        return plans
+
+    def _refill(self, cfg: SparesConfig, pool: PoolTable, reservations: dict[str, Reservation],
+                states: dict[str, str], avoid: set[str]) -> PoolPlan:
+        mine = reservations.get(pool.reservation)
+        others = {n for r in reservations.values() if r.name != pool.reservation for n in r.nodes}
+        plan = refill(wanted=pool.nodes, current=mine.nodes if mine else (),
+                      partition_nodes=self._slurm.partition_nodes(pool.partition),
+                      nodes_now=states, avoid=avoid, other_reserved=others,
+                      keep_surplus=self._recovering(pool.partition))
+        if plan.nodes is not None:
+            if mine is None:
+                if plan.nodes:
+                    self._slurm.create_reservation(pool.reservation, plan.nodes,
+                                                   users=self._user(cfg), partition=pool.partition)
+            elif plan.nodes:
+                self._slurm.update_reservation(pool.reservation, plan.nodes)
+            else:
+                try:   # Slurm refuses while a job runs in it: it then stays as it is
+                    self._slurm.delete_reservation(pool.reservation)
+                except SlurmError as exc:
+                    if exc.transient:
+                        raise
+                    log.info("spares.kept", partition=pool.partition, why=str(exc)[:200])
+            log.info("spares.refilled", partition=pool.partition, added=list(plan.added),
+                     removed=list(plan.removed), idle=len(plan.idle), short=plan.short)
+        self._record(pool, mine, plan)
+        return plan
+
+    def _record(self, pool: PoolTable, mine: Reservation | None, plan: PoolPlan | None,
+                error: str | None = None) -> None:
+        nodes = (plan.nodes if plan.nodes is not None else (mine.nodes if mine else ())) \
+            if plan else (mine.nodes if mine else ())
+        idle = plan.idle if plan else ()
+        key = (tuple(nodes), tuple(idle), error)
+        first = pool.partition not in self._last
+        if not first and self._last[pool.partition] == key:
+            return   # one record per change (a refusal repeated every interval is one)
+        self._last[pool.partition] = key
+        data: dict[str, object] = {
+            "partition": pool.partition, "reservation": pool.reservation, "wanted": pool.nodes,
+            "nodes": list(nodes), "idle": list(idle)}
+        if plan is not None:
+            data.update(held=list(plan.held), added=list(plan.added), removed=list(plan.removed),
+                        short=plan.short)
+        if first and mine is not None:
+            data["adopted"] = True     # found in Slurm by name: a restart keeps the pool
+        if error:
+            data["error"] = error
+        self._store.append_events([NewEvent(Kind.SPARES_POOL, actor="spares", data=data)],
+                                  self._clock())
+
+    # -- placement --------------------------------------------------------
+
+    def placement(self, spec: JobSpec, excluded: Collection[str]) -> Placement | None:
+        """Where a resubmitted attempt of ``spec`` goes: its partition's pool if that holds
+        enough usable nodes now (read afresh), else None (a plain resubmission)."""
+        pool = self._config().pool_for(spec.partition)
+        if pool is None:
+            return None
+        try:
+            mine = self._reservations().get(pool.reservation)
+            states = node_states(self._slurm.nodes())
+        except SlurmError as exc:
+            log.warning("spares.placement_unknown", error=str(exc))
+            return None
+        found = place(reservation=mine, partition=pool.partition,
+                      needed=spec.nodes + spec.spare_nodes, nodes_now=states,
+                      excluded=set(excluded), avoid=set(self._avoid()))
+        if found is None:
+            log.info("spares.too_few", partition=pool.partition, needed=spec.nodes + spec.spare_nodes,
+                     pool=list(mine.nodes) if mine else [])
+        return found
+
+    def placed(self) -> None:
+        """A job went into a pool: refill at the next upkeep instead of waiting the interval."""
+        self._next_at = 0.0

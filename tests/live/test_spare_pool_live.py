@@ -1,0 +1,219 @@
+"""The daemon-held spare pool (issue 15, the fallback), end to end on a 6-node cluster.
+
+``[spares]`` keeps 2 idle nodes of partition ``batch`` in the reservation
+``b300-spares-batch``. A 2-node run (no ``spare_nodes``) runs outside it; every other
+node is busy with another user's long job, and one more of theirs waits. A node of the
+run is set DOWN: the run is resubmitted into the reservation and its new job starts at
+once, while the other user's long job still runs and their waiting job still waits. A
+restarted daemon adopts the reservation.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from test_spares_live import OTHER_USER, TRAIN, _other_user, six_nodes
+
+from b300.slurm.parse import expand_nodes
+from helpers import DaemonHandle, make_daemon, slurm_cmd, wait_for
+
+pytestmark = pytest.mark.slurm
+POOL = "b300-spares-batch"
+__all__ = ["six_nodes"]   # the 6-node cluster fixture, when the suite's has fewer nodes
+
+
+@pytest.fixture
+def conf(slurm_conf: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A cluster of 6+ nodes: the suite's (B300_NODES=6), else test_spares_live's own."""
+    nodes = slurm_cmd(slurm_conf, "sinfo", "--noheader", "--Node", "--format=%N").split()
+    chosen = slurm_conf if len(set(nodes)) >= 6 else str(request.getfixturevalue("six_nodes"))
+    yield chosen
+    subprocess_quiet(chosen, "scontrol", "delete", f"ReservationName={POOL}")
+
+
+def subprocess_quiet(conf: str, *argv: str) -> None:
+    import os
+    import subprocess
+
+    subprocess.run(list(argv), capture_output=True, timeout=30, check=False,
+                   env={**os.environ, "SLURM_CONF": conf})
+
+
+def _spec(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    (run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
+    command = (f"srun {sys.executable} {TRAIN} --steps 60 --ckpt-every 5 --step-time 0.3")
+    spec = tmp_path / "pool.toml"
+    spec.write_text("\n".join([
+        'name = "pool"', "[job]", f"command = {json.dumps(command)}", "nodes = 2",
+        'partition = "batch"', "ntasks_per_node = 1", "gpus_per_node = 8", 'time_limit = "00:15:00"',
+        "[checkpoint]", f'dir = "{run_dir / "ckpt"}"', 'layout = "dcp"',
+        "[health]", f'progress_file = "{run_dir / "progress.json"}"',
+        "[retries]", "infra = 3",
+    ]) + "\n")
+    return spec
+
+
+def _daemon(tmp_path: Path, conf: str, pool: int = 2) -> DaemonHandle:
+    d = make_daemon(tmp_path, conf, poll_interval="1s")
+    with d.config.open("a") as f:
+        f.write('[recovery]\nsettle = "5s"\n[spares]\nenabled = true\nrefill_interval_s = 2.0\n'
+                f'[[spares.pool]]\npartition = "batch"\nnodes = {pool}\n')
+    return d
+
+
+def _pool_nodes(conf: str) -> list[str]:
+    from b300.spares.pool import parse_reservations
+
+    found = [r for r in parse_reservations(slurm_cmd(conf, "scontrol", "show", "reservation", "-o"))
+             if r.name == POOL]
+    return list(found[0].nodes) if found else []
+
+
+def _job(conf: str, job_id: int) -> dict[str, str]:
+    out = slurm_cmd(conf, "squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%v|%S|%e|%N")
+    state, resv, start, end, nodes = out.strip().split("|")
+    return {"state": state, "reservation": resv, "start": start, "end": end, "nodes": nodes}
+
+
+def _progress(tmp_path: Path) -> int:
+    try:
+        return int(json.loads((tmp_path / "run" / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_a_resubmitted_run_starts_at_once_in_the_spare_pool(tmp_path: Path, conf: str) -> None:
+    d = _daemon(tmp_path, conf)
+    busy: list[int] = []
+    victim = ""
+    d.start()
+    try:
+        wait_for(lambda: len(_pool_nodes(conf)) == 2, 60, "the daemon to create its 2-node pool")
+        pool = _pool_nodes(conf)
+        run_id = d.submit(_spec(tmp_path))
+        first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
+        assert not set(first["nodes"]) & set(pool), (first, pool)   # the pool is no queue
+        all_nodes = set(slurm_cmd(conf, "sinfo", "--noheader", "--Node", "--format=%N").split())
+        others = sorted(all_nodes - set(first["nodes"]) - set(pool))
+        busy.append(_other_user(conf, f"--nodes={len(others)}", f"--nodelist={','.join(others)}",
+                                "--time=20", "--wrap", "sleep 900"))
+        busy.append(_other_user(conf, "--nodes=2", "--wrap", "sleep 60"))
+        wait_for(lambda: _job(conf, busy[0])["state"] == "RUNNING", 60, "the other user's job")
+        # The other user cannot use the pool, nor can their waiting job start in it.
+        assert _job(conf, busy[1])["state"] == "PENDING"
+        wait_for(lambda: _progress(tmp_path) >= 7, 120, "training past the first checkpoint")
+        victim = first["nodes"][-1]
+        slurm_cmd(conf, "scontrol", "update", f"NodeName={victim}", "State=DOWN",
+                  "Reason=test-node-failure")
+        lost_at = datetime.now().astimezone()
+        wait_for(lambda: len(d.run(run_id)["attempts"]) >= 2
+                 and d.run(run_id)["attempts"][1]["state"] == "RUNNING", 120,
+                 "the resubmitted job running")
+        status = d.run(run_id)
+        a2 = status["attempts"][1]
+        job = _job(conf, a2["job_id"])
+        assert job["reservation"] == POOL and set(a2["nodes"]) <= set(pool), (job, a2, pool)
+        # Started while the other user's long job runs (it ends in ~15 min) and their
+        # waiting job waits or runs outside the pool: nothing of the queue was waited for.
+        other = _job(conf, busy[0])
+        waiting = _job(conf, busy[1])
+        assert other["state"] == "RUNNING", other
+        # Their waiting job may take the run's old nodes (the DOWN one comes back: slurmd
+        # still answers), never the pool's.
+        assert waiting["state"] == "PENDING" or not set(expand_nodes(waiting["nodes"])) & set(pool)
+        started = datetime.fromisoformat(job["start"]).astimezone()
+        assert started < datetime.fromisoformat(other["end"]).astimezone()
+        [intent] = [e for e in status["events"] if e["kind"] == "attempt.intent"
+                    and e["data"].get("resubmit")]
+        assert intent["data"]["reservation"] == POOL and victim in intent["data"]["exclude"]
+        [used] = [e for e in status["events"] if e["kind"] == "spares.used"]
+        assert used["data"]["job_id"] == a2["job_id"] and used["data"]["needed"] == 2
+        [resub] = [e for e in status["events"] if e["kind"] == "recovery.resubmit"]
+        assert resub["data"]["outcome"] == "INFRA"
+        print(f"\nspare pool: node DOWN -> new job started in {POOL} "
+              f"{(started - lost_at).total_seconds():.1f} s (squeue start, 1 s resolution); "
+              f"the other user's job ends at {other['end']}")
+        # Refilled: the job keeps its nodes reserved, and free healthy nodes are added once
+        # the other user's waiting job (which may hold the run's old nodes) is gone.
+        slurm_cmd(conf, "scancel", str(busy[1]))
+        survivor = next(n for n in first["nodes"] if n != victim)
+        wait_for(lambda: survivor in _pool_nodes(conf), 60, "the survivor added to the pool")
+        victim_state = slurm_cmd(conf, "sinfo", "--noheader", "--Node", f"--nodes={victim}",
+                                 "--format=%T").strip()
+        assert "drain" in victim_state and victim not in _pool_nodes(conf), victim_state
+        assert set(_pool_nodes(conf)) == set(pool) | {survivor}
+        last = d.ctl("events", "--kind", "spares.pool")[-1]["data"]
+        assert last["idle"] == [survivor] and set(last["held"]) == set(a2["nodes"])
+        assert last["short"] == 1     # every other node is busy (or drained)
+        text = d.ctl_raw("nodes").stdout
+        assert POOL in text and "SPARE POOL" in text, text
+        # A restart adopts the reservation (Slurm state) instead of making a new one.
+        d.kill(signal.SIGTERM)
+        d.start()
+        wait_for(lambda: any(e["data"].get("adopted") for e in d.ctl("events", "--kind", "spares.pool")),
+                 60, "the restarted daemon to adopt the pool")
+        assert set(_pool_nodes(conf)) == set(pool) | {survivor}
+        done = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+        assert done["run"]["state"] == "COMPLETED", done["events"][-6:]
+        assert OTHER_USER and _job(conf, busy[0])["state"] == "RUNNING"
+    finally:
+        d.cleanup()
+        if busy:
+            slurm_cmd(conf, "scancel", *map(str, busy))
+        if victim:
+            subprocess_quiet(conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
+
+
+def test_a_pool_too_small_for_the_job_leaves_the_plain_resubmission(tmp_path: Path, conf: str) -> None:
+    """K = 1 for a 2-node run: the new job goes to the queue (and waits there: every
+    other node is busy), and the pool's node is not handed to it nor to anyone else."""
+    d = _daemon(tmp_path, conf, pool=1)
+    busy: list[int] = []
+    victim = ""
+    d.start()
+    try:
+        wait_for(lambda: len(_pool_nodes(conf)) == 1, 60, "the daemon to create its 1-node pool")
+        pool = _pool_nodes(conf)
+        run_id = d.submit(_spec(tmp_path))
+        first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
+        all_nodes = set(slurm_cmd(conf, "sinfo", "--noheader", "--Node", "--format=%N").split())
+        others = sorted(all_nodes - set(first["nodes"]) - set(pool))
+        busy.append(_other_user(conf, f"--nodes={len(others)}", f"--nodelist={','.join(others)}",
+                                "--time=20", "--wrap", "sleep 900"))
+        wait_for(lambda: _job(conf, busy[0])["state"] == "RUNNING", 60, "the other user's job")
+        wait_for(lambda: _progress(tmp_path) >= 7, 120, "training past the first checkpoint")
+        victim = first["nodes"][-1]
+        slurm_cmd(conf, "scontrol", "update", f"NodeName={victim}", "State=DOWN",
+                  "Reason=test-node-failure")
+        wait_for(lambda: len(d.run(run_id)["attempts"]) >= 2
+                 and d.run(run_id)["attempts"][1]["job_id"] is not None, 120, "the resubmission")
+        status = d.run(run_id)
+        a2 = status["attempts"][1]
+        [intent] = [e for e in status["events"] if e["kind"] == "attempt.intent"
+                    and e["data"].get("resubmit")]
+        assert "reservation" not in intent["data"], intent
+        assert not [e for e in status["events"] if e["kind"] == "spares.used"]
+        job = _job(conf, a2["job_id"])
+        assert job["reservation"] == "(null)", job
+        # It waits for a second node (the victim is drained, the rest busy); the pool's idle
+        # node stays in the pool, unused, through several refills.
+        for _ in range(5):
+            time.sleep(1.0)
+            assert _job(conf, a2["job_id"])["state"] == "PENDING"
+            assert _pool_nodes(conf) == pool
+        idle = slurm_cmd(conf, "sinfo", "--noheader", "--Node", f"--nodes={pool[0]}", "--format=%T")
+        assert idle.strip() in {"idle", "reserved"}, idle
+    finally:
+        d.cleanup()
+        if busy:
+            slurm_cmd(conf, "scancel", *map(str, busy))
+        if victim:
+            subprocess_quiet(conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
