@@ -24,6 +24,7 @@ from pathlib import Path
 
 import structlog
 
+from ..errors import SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState
@@ -59,6 +60,11 @@ def _written_at(path: str | None, attempt: Attempt, now: datetime) -> datetime |
     return at
 
 
+def _is_step(text: str) -> bool:
+    """A step number as the job wrote it: ASCII digits only (``'²'.isdigit()`` is true)."""
+    return text.isascii() and text.isdigit()
+
+
 def _at_field(at: datetime | None) -> dict[str, float]:
     return {"at": round(at.timestamp(), 3)} if at is not None else {}
 
@@ -85,8 +91,14 @@ class HangWatch:
         now = self._clock()
         hung = 0
         live = {a.id for a in active}
-        for gone in set(self._progress) - live:
-            self._record_last_progress(gone, self._progress[gone])
+        for gone in sorted(set(self._progress) - live):
+            seen = self._progress.pop(gone)   # popped first: a failure here is not retried forever
+            try:
+                self._record_last_progress(gone, seen)
+            except SlurmError:
+                raise
+            except Exception:  # one ended attempt's record must not stop the watch of the others
+                log.exception("hangs.last_progress_failed", attempt_id=gone)
         self._progress = {k: v for k, v in self._progress.items() if k in live}
         self._progress_recorded = {k: v for k, v in self._progress_recorded.items() if k in live}
         self._recorded_steps = {k: v for k, v in self._recorded_steps.items() if k in live}
@@ -95,7 +107,12 @@ class HangWatch:
                 continue
             with structlog.contextvars.bound_contextvars(run=attempt.run_id, attempt=attempt.number,
                                                          job_id=attempt.slurm_job_id):
-                hung += self._check_one(attempt, now)
+                try:
+                    hung += self._check_one(attempt, now)
+                except SlurmError:
+                    raise
+                except Exception:  # e.g. a spec or progress file that cannot be read: the others go on
+                    log.exception("hangs.check_failed")
         return hung
 
     def _check_one(self, attempt: Attempt, now: datetime) -> int:
@@ -145,7 +162,7 @@ class HangWatch:
         (the weekly report's restart and recompute times come from these); ``at``: when the
         job wrote it (the file's mtime), which the report prefers to the event's time."""
         last = self._progress_recorded.get(attempt.id)
-        if not step.isdigit() or (last is not None and now - last < _PROGRESS_EVENT_EVERY):
+        if not _is_step(step) or (last is not None and now - last < _PROGRESS_EVENT_EVERY):
             return
         steps = self._recorded_steps.setdefault(attempt.id, set())
         if int(step) in steps:
@@ -167,12 +184,12 @@ class HangWatch:
         spec = spec_of(self._store.get_run(attempt.run_id))
         now = self._clock()
         final = read_progress(spec.health.progress_file, attempt.start) if spec.health.progress_file else ""
-        at = _written_at(spec.health.progress_file, attempt, now) if final.isdigit() else None
-        if at is not None and seen.step.isdigit() and int(final) > int(seen.step) \
+        at = _written_at(spec.health.progress_file, attempt, now) if _is_step(final) else None
+        if at is not None and _is_step(seen.step) and int(final) > int(seen.step) \
                 and (seen.at is None or at >= seen.at):
             seen = _Progress(final, now, at)
         recorded = self._progress_recorded.get(attempt_id)
-        if not seen.step.isdigit() or (recorded is not None and recorded >= seen.since):
+        if not _is_step(seen.step) or (recorded is not None and recorded >= seen.since):
             return
         if int(seen.step) in self._recorded_steps.get(attempt_id, set()):
             return

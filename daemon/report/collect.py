@@ -37,8 +37,10 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
         ckpts = None
         interval = None
         advice = None
-        # Where each attempt began: step 0 (from scratch) or its checkpoint's step.
-        starts: dict[int, int] = {a.id: 0 for a in attempts if not a.resume_from}
+        # Where each attempt began: step 0 (from scratch) or its checkpoint's step. Known only
+        # where b300 hands the job its checkpoint ([checkpoint] dir): a job that finds its own
+        # (Megatron's --load) may start anywhere.
+        starts: dict[int, int] = {a.id: 0 for a in attempts if not a.resume_from} if spec.checkpoint.dir else {}
         if spec.checkpoint.dir and any(a.resume_from for a in attempts):
             by_path = {c.info.path: c.info.step for c in ckpt_store.checkpoints(run.id)}
             starts |= {a.id: by_path[a.resume_from] for a in attempts

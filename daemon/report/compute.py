@@ -332,6 +332,9 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
     prev_last_step: int | None = None
     prev_rate: float | None = None
     prev_interrupted = False
+    # Whether the run's job reports progress at all (some attempt has a progress point).
+    ids = {a.id for a in attempts}
+    tracked = any(e.kind == Kind.ATTEMPT_PROGRESS and e.attempt_id in ids for e in events)
     for a in attempts:
         started = a.start
         stopped = a.end or (a.updated_at if a.state.is_terminal else None)
@@ -346,7 +349,8 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
             # one (the attempt's start step + 1) at the attempt's pace, not before its start.
             t_obs, s_obs = points[0]
             back = t_obs - timedelta(seconds=(s_obs - first_step - 1) / rate)
-            points.insert(0, (max(back, started), first_step + 1))
+            if back >= started:   # else the start step or the pace is wrong: keep what was seen
+                points.insert(0, (back, first_step + 1))
         # Where this attempt's training ended: its last step if it was interrupted and that
         # step is known, else its end (None: still running at the window's end).
         train_end = last[0] if interrupted and last is not None and stopped is not None else stopped
@@ -357,12 +361,14 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
             running += window.overlap(started, stopped)
             if points:
                 restart += window.overlap(started, points[0][0])
-                span_from = points[0][0]
+                training += window.overlap(points[0][0], train_end)
+            elif tracked:
+                # The run reports progress, this attempt never did: all of it was start-up.
+                restart += window.overlap(started, stopped)
             else:
                 restart_known = False
-                span_from = started
-            training += window.overlap(span_from, train_end)
-        if prev_interrupted and started is not None:
+                training += window.overlap(started, train_end)
+        if prev_interrupted and started is not None and (points or not tracked):
             if points and prev_last_step is not None:
                 if recompute is not None and points[0][1] < prev_last_step:
                     caught = _caught_up(points, prev_last_step, rate, train_end)
@@ -370,11 +376,10 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
             else:
                 recompute = None
         if points:
-            # The run's high-water mark: a step any earlier attempt reached is redone work.
+            # The run's high-water mark: a step any earlier attempt reached is redone work
+            # (kept across attempts that made no progress: never started, stuck in start-up).
             top = max(s for _, s in points)
             prev_last_step = top if prev_last_step is None else max(prev_last_step, top)
-        else:
-            prev_last_step = None
         prev_rate = rate
         prev_interrupted = interrupted
     if not restart_known:

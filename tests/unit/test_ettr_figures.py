@@ -117,3 +117,21 @@ def test_the_first_step_is_taken_back_from_the_first_seen_at_the_attempts_pace()
     assert f.restart_s == pytest.approx(45.5 - 10)
     g = run_figures(RunInput(run, [a]), events, WINDOW)
     assert g is not None and g.restart_s == pytest.approx(50)
+
+
+def test_a_first_step_that_would_fall_before_the_start_is_not_invented() -> None:
+    # Said to start at step 0, but first seen at step 500 ten seconds in at 1 step/s: the job
+    # found a checkpoint of its own; the report keeps the step it saw.
+    run = Run("r", "r", "", RunState.RUNNING, T0, s(0))
+    f = run_figures(RunInput(run, [attempt(1, 0, 10, None)], start_steps={1: 0}),
+                    [progress(1, 20, 500), progress(1, 30, 510)], WINDOW)
+    assert f is not None and f.restart_s == pytest.approx(10)
+
+
+def test_an_attempt_without_progress_keeps_the_high_water_mark() -> None:
+    # 1 reaches 100; 2 never trains (stuck in start-up); 3 resumes at 50 and redoes 50 -> 100.
+    f = figures([attempt(1, 0, 10, 300, "INFRA"), attempt(2, 310, 320, 400, "HANG"),
+                 attempt(3, 420, 430, None)],
+                [progress(1, 20, 1), progress(1, 290, 100, last=True), classified(1, 305), classified(2, 405),
+                 progress(3, 440, 50), progress(3, 490, 150)])
+    assert f.recompute_s == pytest.approx(25)
