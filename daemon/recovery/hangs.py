@@ -60,6 +60,16 @@ def _written_at(path: str | None, attempt: Attempt, now: datetime) -> datetime |
     return at
 
 
+def _older_than(path: str | None, start: datetime | None) -> bool:
+    """Whether the progress file (a plain path) was last written before ``start``."""
+    if not path or start is None:
+        return False
+    try:
+        return datetime.fromtimestamp(os.stat(path).st_mtime, UTC) < start
+    except (OSError, ValueError, OverflowError):
+        return False
+
+
 def _is_step(text: str) -> bool:
     """A step number as the job wrote it: ASCII digits only (``'²'.isdigit()`` is true)."""
     return text.isascii() and text.isdigit()
@@ -122,6 +132,8 @@ class HangWatch:
             return 0
         self._seed_progress(attempt)
         watched = self._progress_of(attempt) if self._progress_of is not None else None
+        if watched and _older_than(spec.health.progress_file, attempt.start):
+            watched = ""   # the snapshot an earlier attempt left: no step of this one yet
         step = watched if watched is not None else read_progress(spec.health.progress_file, attempt.start)
         seen = self._progress.get(attempt.id)
         if step == "":

@@ -279,6 +279,9 @@ def _progress_of(events: Sequence[Event], attempt_id: int) -> tuple[list[tuple[d
     return points, last
 
 
+_OWN_PACE = timedelta(minutes=1)
+
+
 def _rate(points: Sequence[tuple[datetime, int]]) -> float | None:
     """Steps per second between the first and the last point, None if it cannot be told."""
     if len(points) < 2:
@@ -330,7 +333,8 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
     recompute: float | None = 0.0
     restart_known = True
     prev_last_step: int | None = None
-    prev_rate: float | None = None
+    pace_steps = 0
+    pace_s = 0.0
     prev_interrupted = False
     # Whether the run's job reports progress at all (some attempt has a progress point).
     ids = {a.id for a in attempts}
@@ -341,7 +345,13 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
         interrupted = a.outcome not in _NOT_INTERRUPTIONS or a.outcome == "TIMEOUT"
         points, last = _progress_of(events, a.id)
         queue += window.overlap(a.created_at, started if started is not None else a.end)
-        rate = _rate(points) or prev_rate
+        if len(points) >= 2 and points[-1][1] > points[0][1]:
+            pace_steps += points[-1][1] - points[0][1]
+            pace_s += (points[-1][0] - points[0][0]).total_seconds()
+        # Steps per second: the attempt's own pace over a minute or more, else the run's,
+        # pooled over its attempts so far (a short attempt's two points alone are noise).
+        own = points[-1][0] - points[0][0] if len(points) >= 2 else timedelta()
+        rate = _rate(points) if own >= _OWN_PACE else (pace_steps / pace_s if pace_s > 0 else None)
         first_step = ri.start_steps.get(a.id)
         if points and started is not None and rate and first_step is not None \
                 and points[0][1] > first_step + 1:
@@ -380,7 +390,6 @@ def run_figures(ri: RunInput, events: Sequence[Event], window: Window) -> RunFig
             # (kept across attempts that made no progress: never started, stuck in start-up).
             top = max(s for _, s in points)
             prev_last_step = top if prev_last_step is None else max(prev_last_step, top)
-        prev_rate = rate
         prev_interrupted = interrupted
     if not restart_known:
         notes.append("restart time counted as 0: no progress events for some attempts")

@@ -88,12 +88,13 @@ def test_an_attempt_that_fails_before_catching_up_is_recompute_until_its_last_st
     assert f.detect_s == pytest.approx((305 - 290) + (505 - 480))
 
 
-def test_a_running_attempt_short_of_its_target_is_extrapolated_at_its_own_pace() -> None:
+def test_a_running_attempt_short_of_its_target_is_extrapolated_at_the_runs_pace() -> None:
     f = figures([attempt(1, 0, 10, 300, "INFRA"), attempt(2, 310, 320, None)],
                 [progress(1, 20, 1), progress(1, 290, 100, last=True), classified(1, 305),
                  progress(2, 330, 50), progress(2, 340, 60)])
-    # 1 step/s from (330, 50) and (340, 60): step 100 at 380
-    assert f.recompute_s == pytest.approx(50)
+    # (330, 50) -> (340, 60) is too short to tell a pace: the run's, pooled: 109 steps in
+    # 280 s, so step 100 at 340 + 40 / (109 / 280)
+    assert f.recompute_s == pytest.approx(10 + 40 / (109 / 280))
 
 
 def test_recompute_runs_to_the_highest_step_any_earlier_attempt_reached() -> None:
