@@ -64,14 +64,14 @@ def waiting_runs(store: Store) -> list[Waiting]:
     """The daemon's runs that are not over, as the pools see them (:class:`Waiting`): the
     reservation is read from the latest attempt's events only while it has not started."""
     found: list[Waiting] = []
-    for run in store.list_runs():
-        if run.state.is_terminal:
-            continue
+    runs = [r for r in store.list_runs() if not r.state.is_terminal]
+    by_run = store.attempts_of([r.id for r in runs]) if runs else {}
+    for run in runs:
         try:
             spec = spec_of(run)
         except B300Error:
             continue
-        attempts = store.attempts(run.id)
+        attempts = by_run.get(run.id, [])
         latest = attempts[-1] if attempts else None
         resv = None
         if latest is not None and latest.state in (AttemptState.SUBMITTING, AttemptState.PENDING):
@@ -146,8 +146,14 @@ class SparePools:
         if mine is not None and lacks_no_hold(mine):
             # Adopted from an older daemon (made with no flag): without it, deleting the pool
             # would hold the jobs pending in it for ever.
-            self._slurm.add_reservation_flag(pool.reservation, NO_HOLD)
-            log.info("spares.flag_added", partition=pool.partition, flag=NO_HOLD)
+            try:
+                self._slurm.add_reservation_flag(pool.reservation, NO_HOLD)
+                log.info("spares.flag_added", partition=pool.partition, flag=NO_HOLD)
+            except SlurmError as exc:
+                if exc.transient:
+                    raise
+                log.warning("spares.flag_refused", partition=pool.partition, flag=NO_HOLD,
+                            error=str(exc)[:200])
         others = {n for r in reservations.values() if r.name != pool.reservation for n in r.nodes}
         plan = refill(wanted=pool.nodes, current=mine.nodes if mine else (),
                       partition_nodes=self._slurm.partition_nodes(pool.partition),

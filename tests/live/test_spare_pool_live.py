@@ -217,3 +217,31 @@ def test_a_pool_too_small_for_the_job_leaves_the_plain_resubmission(tmp_path: Pa
             slurm_cmd(conf, "scancel", *map(str, busy))
         if victim:
             subprocess_quiet(conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
+
+
+def _pool_flags(conf: str) -> str:
+    from b300.spares.pool import parse_reservations
+
+    found = [r for r in parse_reservations(slurm_cmd(conf, "scontrol", "show", "reservation", "-o"))
+             if r.name == POOL]
+    return found[0].flags if found else ""
+
+
+def test_an_adopted_pool_without_no_hold_jobs_after_end_gets_the_flag(tmp_path: Path, conf: str) -> None:
+    """A pool made by an older b300d (no flag): the daemon adopts it and adds
+    NO_HOLD_JOBS_AFTER_END, without which deleting it would hold the jobs pending in it."""
+    import getpass
+
+    node = sorted(set(slurm_cmd(conf, "sinfo", "--noheader", "--Node", "--format=%N").split()))[-1]
+    slurm_cmd(conf, "scontrol", "create", "reservation", f"ReservationName={POOL}",
+              f"Users={getpass.getuser()}", "PartitionName=batch", f"Nodes={node}",
+              "StartTime=now", "Duration=infinite")
+    assert "NO_HOLD_JOBS_AFTER_END" not in _pool_flags(conf)
+    d = _daemon(tmp_path, conf, pool=1)
+    d.start()
+    try:
+        wait_for(lambda: "NO_HOLD_JOBS_AFTER_END" in _pool_flags(conf), 60,
+                 "the daemon to add NO_HOLD_JOBS_AFTER_END to the adopted pool")
+        assert _pool_nodes(conf) == [node]
+    finally:
+        d.cleanup()
