@@ -162,7 +162,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.SPARES_POOL: frozenset({"partition", "reservation", "wanted", "nodes", "idle", "held", "added",
                                  "removed", "short", "error", "adopted"}),
     Kind.SPARES_USED: frozenset({"partition", "reservation", "needed", "usable", "nodes", "job_id",
-                                 "refused", "error"}),
+                                 "refused", "error", "dropped", "why"}),
     Kind.RECOVERY_WAITING: frozenset({"why", "log"}),
     Kind.RECOVERY_RESUBMIT: frozenset({"outcome", "resume_from", "suspects", "checkpoints_checked"}),
     Kind.RECOVERY_STOPPED: frozenset({"why"}),

@@ -122,6 +122,10 @@ class FencedSlurm:
         self._fence.check(f"update reservation {name}")
         self._inner.update_reservation(name, nodes)  # type: ignore[attr-defined]
 
+    def add_reservation_flag(self, name: str, flag: str) -> None:
+        self._fence.check(f"update reservation {name}")
+        self._inner.add_reservation_flag(name, flag)  # type: ignore[attr-defined]
+
     def delete_reservation(self, name: str) -> None:
         self._fence.check(f"delete reservation {name}")
         self._inner.delete_reservation(name)  # type: ignore[attr-defined]

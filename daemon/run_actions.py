@@ -29,6 +29,7 @@ from .plugin_registry import PluginRegistry
 from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
+from .spares.pool import pooled_reservation
 from .spec import JobSpec, spec_of
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class RunActions:
         avoid_nodes: Callable[[], Iterable[str]] | None = None,
         black_holes: Callable[[], Iterable[str]] | None = None,
         plugins: PluginRegistry | None = None,
-        spares: Callable[[JobSpec, Sequence[str]], Placement | None] | None = None,
+        spares: Callable[..., Placement | None] | None = None,
         on_placed: Callable[[], None] | None = None,
     ) -> None:
         self._plugins = plugins
@@ -269,14 +270,33 @@ class RunActions:
             return attempt
         run = self._store.get_run(attempt.run_id)
         spec = spec_of(run)
-        return self._sbatch(attempt, spec, reservation=self._intended_reservation(attempt))
+        reservation = self._intended_reservation(attempt)
+        if reservation is not None:
+            reservation = self._still_fits(attempt, spec, reservation)
+        return self._sbatch(attempt, spec, reservation=reservation)
 
     def _intended_reservation(self, attempt: Attempt) -> str | None:
-        """The spare pool the attempt's intent chose (a crash between intent and sbatch)."""
-        intents = [e for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_INTENT])
-                   if e.attempt_id == attempt.id]
-        found = intents[-1].data.get("reservation") if intents else None
-        return found if isinstance(found, str) else None
+        """The spare pool the attempt's intent chose (a crash between intent and sbatch, a
+        deferred sbatch), unless Slurm refused the job there since."""
+        return pooled_reservation(
+            (e.kind, e.data) for e in self._store.events(
+                run_id=attempt.run_id, kinds=[Kind.ATTEMPT_INTENT, Kind.SPARES_USED])
+            if e.attempt_id == attempt.id)
+
+    def _still_fits(self, attempt: Attempt, spec: JobSpec, reservation: str) -> str | None:
+        """``reservation`` if the pool still holds the job's nodes now (beyond those promised
+        to other attempts placed there), else None: the plain queue, recorded as
+        ``spares.used`` with ``dropped`` (the nodes it was placed on may be taken since)."""
+        placement = self._spares(spec, attempt.excluded_nodes, ignore=(attempt.id,)) \
+            if self._spares is not None else None
+        if placement is not None and placement.reservation == reservation:
+            return reservation
+        self._store.append_events([NewEvent(
+            Kind.SPARES_USED, run_id=attempt.run_id, attempt_id=attempt.id,
+            data={"reservation": reservation, "dropped": True,
+                  "why": "the pool no longer holds the job's nodes: submitted to the queue"})],
+            self._clock())
+        return None
 
     def _sbatch(self, attempt: Attempt, spec: JobSpec, *, placement: Placement | None = None,
                 reservation: str | None = None) -> Attempt:

@@ -29,7 +29,6 @@ from ..health import CycleHealth
 from ..interfaces import SlurmClient, Store
 from ..lease import DbLease
 from ..logs import configure_logging
-from ..model import RunState
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
@@ -37,7 +36,7 @@ from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
-from ..spares.watch import SparePools
+from ..spares.watch import SparePools, pool_user
 from ..spec import spec_of
 from ..training.watch import TrainingWatch
 from .daemon import CycleRunner, Daemon, DaemonParts
@@ -84,9 +83,12 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
 
     # The daemon-held spare pools ([spares], b300.spares): refilled by the cycle, asked by
     # every resubmission. With no pool configured they do nothing and ask Slurm nothing.
-    spares = SparePools(store, slurm, clock, lambda: current.get().spares, avoid=avoid,
-                        recovering=lambda partition: _waiting_in(store, partition))
+    # Which runs keep a pool's surplus and which nodes are promised: read from the store by
+    # the pools (b300.spares.watch.waiting_runs). The user is resolved now: a UID with no
+    # passwd entry is a one-line config error at start-up, not a KeyError every refill.
     pools_on = bool(config.spares.pools)
+    spares = SparePools(store, slurm, clock, lambda: current.get().spares, avoid=avoid,
+                        user=pool_user(config.spares) if pools_on else "")
     actions = RunActions(store, slurm, clock, submit_grace_s=config.submit_grace_s,
                          job_log_dir=config.job_log_dir,
                          avoid_nodes=lambda: _drifted_nodes(drift, store, slurm),
@@ -205,20 +207,6 @@ def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: thr
     relauncher = StepRelauncher(store, clock, log_dir=config.job_log_dir, plugins=plugins)
     return NodeLossWatch(store, slurm, monitor, lock=lock, clock=clock, wake=wake,
                          settle_s=config.recovery.settle_s, relauncher=relauncher)
-
-
-def _waiting_in(store: Store, partition: str) -> bool:
-    """A run of the daemon in ``partition`` is between attempts or waiting for its job to
-    start: a pool keeps its surplus idle nodes (the run's survivors) for it meanwhile."""
-    for run in store.list_runs():
-        if run.state.is_terminal or run.state is RunState.RUNNING:
-            continue
-        try:
-            if spec_of(run).partition == partition:
-                return True
-        except B300Error:
-            continue
-    return False
 
 
 def _detect_window_s(config: Config) -> float:

@@ -253,14 +253,21 @@ class CliSlurmClient:
     def create_reservation(self, name: str, nodes: Sequence[str], *, users: str,
                            partition: str) -> None:
         """A reservation of ``nodes`` from now on, with no end (Duration=infinite), that only
-        ``users`` may run in, and only jobs that name it. No flag: not MAINT (its nodes would
-        count as maintenance in accounting, and it may overlap other reservations), never
-        IGNORE_JOBS (Slurm then refuses nodes a job uses, a second guard), no REPLACE
-        (the daemon picks the nodes itself: drift-clean ones)."""
+        ``users`` may run in, and only jobs that name it. One flag, NO_HOLD_JOBS_AFTER_END:
+        a job still pending in it when it is deleted goes to the queue (without it Slurm
+        holds the job, priority 0, reason ReservationDeleted). No other: not MAINT (its
+        nodes would count as maintenance in accounting, and it may overlap other
+        reservations), never IGNORE_JOBS (Slurm then refuses nodes a job uses, a second
+        guard), no REPLACE (the daemon picks the nodes itself: drift-clean ones)."""
         names = [check_node_name(n) for n in nodes]
         self._call(["scontrol", "create", "reservation", f"ReservationName={_resv(name)}",
                     f"Users={_user(users)}", f"PartitionName={_word(partition)}",
-                    f"Nodes={fold_nodes(names)}", "StartTime=now", "Duration=infinite"])
+                    f"Nodes={fold_nodes(names)}", "StartTime=now", "Duration=infinite",
+                    "Flags=NO_HOLD_JOBS_AFTER_END"])
+
+    def add_reservation_flag(self, name: str, flag: str) -> None:
+        """Add one flag to a reservation (an adopted pool made without NO_HOLD_JOBS_AFTER_END)."""
+        self._call(["scontrol", "update", f"ReservationName={_resv(name)}", f"Flags+={_word(flag)}"])
 
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
         names = [check_node_name(n) for n in nodes]

@@ -455,6 +455,9 @@ class PyslurmClient:
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
         self._cli("reservations").update_reservation(name, nodes)
 
+    def add_reservation_flag(self, name: str, flag: str) -> None:
+        self._cli("reservations").add_reservation_flag(name, flag)
+
     def delete_reservation(self, name: str) -> None:
         self._cli("reservations").delete_reservation(name)
 

@@ -17,12 +17,27 @@ from typing import Any
 
 import structlog
 
-from ..errors import SlurmError
+from ..errors import B300Error, ConfigError, SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, Store
-from ..spec import JobSpec
+from ..model import AttemptState
+from ..spec import JobSpec, spec_of
 from .config import PoolTable, SparesConfig
-from .pool import Placement, PoolPlan, Reservation, node_states, parse_reservations, place, refill
+from .pool import (
+    NO_HOLD,
+    Placement,
+    PoolPlan,
+    Reservation,
+    Waiting,
+    keep_surplus,
+    lacks_no_hold,
+    node_states,
+    parse_reservations,
+    place,
+    pooled_reservation,
+    promised,
+    refill,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -32,17 +47,56 @@ def daemon_user() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
+def pool_user(cfg: SparesConfig) -> str:
+    """The pools' ``Users=``: ``[spares] user``, else the user b300d runs as. Resolved once at
+    start-up (:func:`b300.app.root.build_daemon`): a UID with no passwd entry (a container)
+    is a config error, one line, instead of a KeyError in every refill."""
+    if cfg.user:
+        return cfg.user
+    try:
+        return daemon_user()
+    except KeyError:
+        raise ConfigError(f"[spares] user is empty and uid {os.geteuid()} has no passwd entry "
+                          "to name the reservation's Users=; set [spares] user") from None
+
+
+def waiting_runs(store: Store) -> list[Waiting]:
+    """The daemon's runs that are not over, as the pools see them (:class:`Waiting`): the
+    reservation is read from the latest attempt's events only while it has not started."""
+    found: list[Waiting] = []
+    runs = [r for r in store.list_runs() if not r.state.is_terminal]
+    by_run = store.attempts_of([r.id for r in runs]) if runs else {}
+    for run in runs:
+        try:
+            spec = spec_of(run)
+        except B300Error:
+            continue
+        attempts = by_run.get(run.id, [])
+        latest = attempts[-1] if attempts else None
+        resv = None
+        if latest is not None and latest.state in (AttemptState.SUBMITTING, AttemptState.PENDING):
+            resv = pooled_reservation(
+                (e.kind, e.data) for e in store.events(
+                    run_id=run.id, kinds=[Kind.ATTEMPT_INTENT, Kind.SPARES_USED])
+                if e.attempt_id == latest.id)
+        found.append(Waiting(run.state, latest.state if latest else None, spec.partition, resv,
+                             spec.nodes + spec.spare_nodes, latest.id if latest else None))
+    return found
+
+
 class SparePools:
     """The daemon's spare pools (``[spares]``). Not thread-safe: callers hold the action lock."""
 
     def __init__(self, store: Store, slurm: Any, clock: Callable[[], datetime],
                  config: Callable[[], SparesConfig], *,
                  avoid: Callable[[], Collection[str]] = lambda: (),
-                 recovering: Callable[[str], bool] = lambda _p: False) -> None:
+                 user: str | None = None) -> None:
         # ``slurm``: a SlurmClient with the reservation calls (the cli client, or pyslurm's
-        # fallback to it), fenced like every change.
+        # fallback to it), fenced like every change. ``user``: :func:`pool_user`, resolved
+        # at start-up (None: resolved here, now).
         self._store, self._slurm, self._clock, self._config = store, slurm, clock, config
-        self._avoid, self._recovering = avoid, recovering
+        self._avoid = avoid
+        self._user_name = user if user is not None else pool_user(config())
         self._last: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
         self._next_at = 0.0
 
@@ -52,7 +106,7 @@ class SparePools:
         return {r.name: r for r in parse_reservations(self._slurm.reservation_list())}
 
     def _user(self, cfg: SparesConfig) -> str:
-        return cfg.user or daemon_user()
+        return cfg.user or self._user_name
 
     # -- refill -----------------------------------------------------------
 
@@ -72,23 +126,40 @@ class SparePools:
             log.warning("spares.unknown", error=str(exc))
             return []
         avoid = set(self._avoid())
+        try:
+            waiting = waiting_runs(self._store)
+        except B300Error as exc:
+            log.warning("spares.runs_unknown", error=str(exc))
+            return []
         plans = []
         for pool in cfg.pools:
             try:
-                plans.append(self._refill(cfg, pool, reservations, states, avoid))
+                plans.append(self._refill(cfg, pool, reservations, states, avoid, waiting))
             except SlurmError as exc:
                 log.warning("spares.refill_failed", partition=pool.partition, error=str(exc))
                 self._record(pool, reservations.get(pool.reservation), None, error=str(exc)[:300])
         return plans
 
     def _refill(self, cfg: SparesConfig, pool: PoolTable, reservations: dict[str, Reservation],
-                states: dict[str, str], avoid: set[str]) -> PoolPlan:
+                states: dict[str, str], avoid: set[str], waiting: list[Waiting]) -> PoolPlan:
         mine = reservations.get(pool.reservation)
+        if mine is not None and lacks_no_hold(mine):
+            # Adopted from an older daemon (made with no flag): without it, deleting the pool
+            # would hold the jobs pending in it for ever.
+            try:
+                self._slurm.add_reservation_flag(pool.reservation, NO_HOLD)
+                log.info("spares.flag_added", partition=pool.partition, flag=NO_HOLD)
+            except SlurmError as exc:
+                if exc.transient:
+                    raise
+                log.warning("spares.flag_refused", partition=pool.partition, flag=NO_HOLD,
+                            error=str(exc)[:200])
         others = {n for r in reservations.values() if r.name != pool.reservation for n in r.nodes}
         plan = refill(wanted=pool.nodes, current=mine.nodes if mine else (),
                       partition_nodes=self._slurm.partition_nodes(pool.partition),
                       nodes_now=states, avoid=avoid, other_reserved=others,
-                      keep_surplus=self._recovering(pool.partition))
+                      keep_surplus=keep_surplus(waiting, pool.partition, pool.reservation),
+                      promised=promised(waiting, pool.reservation))
         if plan.nodes is not None:
             if mine is None:
                 if plan.nodes:
@@ -133,24 +204,29 @@ class SparePools:
 
     # -- placement --------------------------------------------------------
 
-    def placement(self, spec: JobSpec, excluded: Collection[str]) -> Placement | None:
+    def placement(self, spec: JobSpec, excluded: Collection[str], *,
+                  ignore: Collection[int] = ()) -> Placement | None:
         """Where a resubmitted attempt of ``spec`` goes: its partition's pool if that holds
-        enough usable nodes now (read afresh), else None (a plain resubmission)."""
+        enough usable nodes now (read afresh), beyond those promised to attempts already
+        placed there that have not started (read from the store: two runs recovered in one
+        cycle do not get the same nodes), else None (a plain resubmission). ``ignore``:
+        attempt ids not counted as promised (the attempt asking again)."""
         pool = self._config().pool_for(spec.partition)
         if pool is None:
             return None
         try:
             mine = self._reservations().get(pool.reservation)
             states = node_states(self._slurm.nodes())
-        except SlurmError as exc:
+            owed = promised(waiting_runs(self._store), pool.reservation, ignore=ignore)
+        except B300Error as exc:
             log.warning("spares.placement_unknown", error=str(exc))
             return None
         found = place(reservation=mine, partition=pool.partition,
                       needed=spec.nodes + spec.spare_nodes, nodes_now=states,
-                      excluded=set(excluded), avoid=set(self._avoid()))
+                      excluded=set(excluded), avoid=set(self._avoid()), promised=owed)
         if found is None:
             log.info("spares.too_few", partition=pool.partition, needed=spec.nodes + spec.spare_nodes,
-                     pool=list(mine.nodes) if mine else [])
+                     pool=list(mine.nodes) if mine else [], promised=owed)
         return found
 
     def placed(self) -> None:

@@ -217,3 +217,87 @@ def test_a_pool_too_small_for_the_job_leaves_the_plain_resubmission(tmp_path: Pa
             slurm_cmd(conf, "scancel", *map(str, busy))
         if victim:
             subprocess_quiet(conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
+
+
+def _pool_flags(conf: str) -> str:
+    from b300.spares.pool import parse_reservations
+
+    found = [r for r in parse_reservations(slurm_cmd(conf, "scontrol", "show", "reservation", "-o"))
+             if r.name == POOL]
+    return found[0].flags if found else ""
+
+
+def test_an_adopted_pool_without_no_hold_jobs_after_end_gets_the_flag(tmp_path: Path, conf: str) -> None:
+    """A pool made by an older b300d (no flag): the daemon adopts it and adds
+    NO_HOLD_JOBS_AFTER_END, without which deleting it would hold the jobs pending in it."""
+    import getpass
+
+    node = sorted(set(slurm_cmd(conf, "sinfo", "--noheader", "--Node", "--format=%N").split()))[-1]
+    slurm_cmd(conf, "scontrol", "create", "reservation", f"ReservationName={POOL}",
+              f"Users={getpass.getuser()}", "PartitionName=batch", f"Nodes={node}",
+              "StartTime=now", "Duration=infinite")
+    assert "NO_HOLD_JOBS_AFTER_END" not in _pool_flags(conf)
+    d = _daemon(tmp_path, conf, pool=1)
+    d.start()
+    try:
+        wait_for(lambda: "NO_HOLD_JOBS_AFTER_END" in _pool_flags(conf), 60,
+                 "the daemon to add NO_HOLD_JOBS_AFTER_END to the adopted pool")
+        assert _pool_nodes(conf) == [node]
+    finally:
+        d.cleanup()
+
+
+def test_a_deferred_pooled_intent_is_placed_again_only_if_the_pool_still_fits(
+        tmp_path: Path, conf: str) -> None:
+    """Two runs whose intents chose the same 2-node pool (a crash, or a deferred sbatch,
+    between intent and sbatch): the first resolved finds the pool's 2 nodes promised to
+    the other one and goes to the queue (``spares.used`` with ``dropped``); the second
+    then fits and goes into the pool. Real Slurm, real store: nothing is faked."""
+    from datetime import UTC, timedelta
+
+    from b300.events import Kind
+    from b300.interfaces import NewEvent
+    from b300.plugin_registry import PluginRegistry
+    from b300.run_actions import RunActions, new_run_id
+    from b300.slurm import make_slurm_client
+    from b300.spares.config import load_spares_config
+    from b300.spares.watch import SparePools
+    from b300.store import open_store
+
+    slurm = make_slurm_client("cli", slurm_conf=conf, bin_dir=None, timeout=30.0,
+                              plugins=PluginRegistry())
+    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    now = datetime.now(UTC)
+    cfg = load_spares_config({"enabled": True, "refill_interval_s": 1.0,
+                              "pool": [{"partition": "batch", "nodes": 2}]})
+    pools = SparePools(store, slurm, lambda: now, lambda: cfg)
+    jobs: list[int] = []
+    try:
+        [plan] = pools.upkeep(force=True)
+        assert len(plan.idle) == 2 and "NO_HOLD_JOBS_AFTER_END" in _pool_flags(conf)
+        spec = "\n".join(['name = "pooled"', "[job]", 'command = "sleep 300"', "nodes = 2",
+                          'partition = "batch"', "ntasks_per_node = 1", 'time_limit = "00:10:00"']) + "\n"
+        attempts = []
+        for _ in range(2):
+            run_id = new_run_id("pooled")
+            store.create_run(run_id, "pooled", spec, now - timedelta(minutes=5))
+            attempts.append(store.begin_attempt(run_id, now - timedelta(minutes=5), events=[
+                NewEvent(Kind.ATTEMPT_INTENT, run_id=run_id, data={
+                    "resubmit": True, "exclude": [], "reservation": POOL})]))
+        actions = RunActions(store, slurm, lambda: now, submit_grace_s=60.0,
+                             spares=pools.placement)
+        first = actions.resolve_intent(attempts[0])
+        second = actions.resolve_intent(attempts[1])
+        assert first.slurm_job_id is not None and second.slurm_job_id is not None
+        jobs += [first.slurm_job_id, second.slurm_job_id]
+        assert _job(conf, first.slurm_job_id)["reservation"] == "(null)"
+        assert _job(conf, second.slurm_job_id)["reservation"] == POOL
+        used = [e.data for e in store.events(run_id=first.run_id, kinds=[Kind.SPARES_USED])]
+        assert used and used[0]["dropped"] is True, used
+    finally:
+        if jobs:
+            subprocess_quiet(conf, "scancel", *map(str, jobs))
+            wait_for(lambda: not slurm_cmd(conf, "squeue", "--noheader",
+                                           f"--jobs={','.join(map(str, jobs))}").strip(),
+                     60, "the test's jobs to end (the pool is then deleted)")
+        store.close()

@@ -4,13 +4,28 @@ decisions of refilling a pool and placing a resubmitted job in it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from b300.config import load_config
 from b300.errors import ConfigError
-from b300.model import NodeObservation
-from b300.spares.pool import Reservation, healthy_idle, node_states, parse_reservations, place, refill
+from b300.events import Kind
+from b300.model import AttemptState, NodeObservation, RunState
+from b300.spares.pool import (
+    NO_HOLD,
+    Reservation,
+    Waiting,
+    healthy_idle,
+    keep_surplus,
+    lacks_no_hold,
+    node_states,
+    parse_reservations,
+    place,
+    pooled_reservation,
+    promised,
+    refill,
+)
 
 
 def _config(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]
@@ -170,3 +185,101 @@ def test_the_pool_is_a_metric_and_a_b300ctl_nodes_table(tmp_path: Path) -> None:
     finally:
         empty.close()
     assert none.spare_pool_nodes == {} and "b300_spare_pool_nodes" not in render_metrics(none)
+
+
+# -- the reviewer's defects (pending pooled jobs, surplus, the user) ---------------------
+
+def test_a_pool_made_without_no_hold_jobs_after_end_gets_it() -> None:
+    line = ("ReservationName=b300-spares-gpu Nodes=gpu06 PartitionName=gpu Flags={} Users=root "
+            "State=ACTIVE\n")
+    [old] = parse_reservations(line.format("SPEC_NODES"))
+    [new] = parse_reservations(line.format("SPEC_NODES,NO_HOLD_JOBS_AFTER_END"))
+    assert lacks_no_hold(old) and not lacks_no_hold(new) and NO_HOLD == "NO_HOLD_JOBS_AFTER_END"
+
+
+def test_the_pool_is_never_deleted_under_a_job_pending_in_it() -> None:
+    # Its one node drained, no free node to replace it: with nothing promised the pool
+    # goes (an empty list: deleted); with a job placed there and not started, it stays.
+    states = _states(gpu01="ALLOCATED", gpu02="ALLOCATED", gpu03="ALLOCATED", gpu04="ALLOCATED",
+                     gpu05="ALLOCATED", gpu06="DRAINED")
+    gone = refill(wanted=1, current=("gpu06",), partition_nodes=NODES, nodes_now=states, avoid=set(),
+                  other_reserved=set(), keep_surplus=False)
+    assert gone.nodes == ()
+    kept = refill(wanted=1, current=("gpu06",), partition_nodes=NODES, nodes_now=states, avoid=set(),
+                  other_reserved=set(), keep_surplus=True, promised=1)
+    assert kept.nodes is None and kept.short == 2
+
+
+def _waiting(run: RunState, attempt: AttemptState | None, resv: str | None, needed: int = 2,
+             attempt_id: int = 1, partition: str = "gpu") -> Waiting:
+    return Waiting(run, attempt, partition, resv, needed, attempt_id)
+
+
+def test_nodes_promised_to_a_pending_pooled_job_are_not_placed_twice() -> None:
+    pool = Reservation("b300-spares-gpu", ("gpu05", "gpu06"))
+    # The first run recovered this cycle went into the pool: its job is pending there,
+    # gpu05 and gpu06 still idle. The second run of the same cycle must not get them.
+    runs = [_waiting(RunState.PENDING, AttemptState.PENDING, pool.name, attempt_id=7),
+            _waiting(RunState.PENDING, AttemptState.PENDING, None, needed=4, attempt_id=8),
+            _waiting(RunState.RUNNING, AttemptState.RUNNING, pool.name, attempt_id=9)]
+    owed = promised(runs, pool.name)
+    assert owed == 2
+    assert place(reservation=pool, partition="gpu", needed=2, nodes_now=_states(), excluded=set(),
+                 avoid=set(), promised=owed) is None
+    # The attempt asking again for its own place (a deferred sbatch) does not count itself.
+    assert promised(runs, pool.name, ignore=(7,)) == 0
+    assert place(reservation=pool, partition="gpu", needed=2, nodes_now=_states(), excluded=set(),
+                 avoid=set(), promised=promised(runs, pool.name, ignore=(7,))) is not None
+    # Refill aims at K plus what is promised: two more idle nodes for K = 2.
+    plan = refill(wanted=2, current=pool.nodes, partition_nodes=NODES, nodes_now=_states(),
+                  avoid=set(), other_reserved=set(), keep_surplus=True, promised=owed)
+    assert plan.added == ("gpu01", "gpu02") and len(plan.idle) == 4 and plan.short == 0
+
+
+def test_the_pool_an_attempt_is_placed_in_comes_from_its_events() -> None:
+    intent = (Kind.ATTEMPT_INTENT, {"resubmit": True, "reservation": "b300-spares-gpu"})
+    assert pooled_reservation([intent]) == "b300-spares-gpu"
+    assert pooled_reservation([(Kind.ATTEMPT_INTENT, {"resubmit": True})]) is None
+    assert pooled_reservation([intent, (Kind.SPARES_USED, {"reservation": "b300-spares-gpu",
+                                                          "refused": True})]) is None
+    assert pooled_reservation([intent, (Kind.SPARES_USED, {"reservation": "b300-spares-gpu",
+                                                          "dropped": True})]) is None
+    assert pooled_reservation([intent, (Kind.SPARES_USED, {"reservation": "b300-spares-gpu",
+                                                          "job_id": 12})]) == "b300-spares-gpu"
+
+
+def test_surplus_is_kept_only_for_recovering_runs_and_jobs_waiting_in_the_pool() -> None:
+    resv = "b300-spares-gpu"
+    queued = [_waiting(RunState.PENDING, AttemptState.PENDING, None),
+              _waiting(RunState.SUBMITTING, AttemptState.SUBMITTING, None),
+              _waiting(RunState.RECOVERING, None, None, partition="h100"),
+              _waiting(RunState.RUNNING, AttemptState.RUNNING, resv)]
+    assert not keep_surplus(queued, "gpu", resv)
+    assert keep_surplus([*queued, _waiting(RunState.RECOVERING, AttemptState.FAILED, None)], "gpu", resv)
+    assert keep_surplus([*queued, _waiting(RunState.PENDING, AttemptState.PENDING, resv)], "gpu", resv)
+
+
+def test_a_uid_without_a_passwd_entry_is_a_one_line_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    from b300.spares.config import load_spares_config
+    from b300.spares.watch import pool_user
+
+    uid = next(u for u in range(2_000_000_000, 2_000_000_100) if not _has_passwd(pwd, u))
+    monkeypatch.setattr("os.geteuid", lambda: uid)
+    cfg = load_spares_config({"enabled": True, "pool": [{"partition": "gpu", "nodes": 1}]})
+    with pytest.raises(ConfigError) as err:
+        pool_user(cfg)
+    assert f"uid {uid} has no passwd entry" in str(err.value) and "\n" not in str(err.value)
+    assert err.value.exit_code == 2
+    named = load_spares_config({"enabled": True, "user": "trainer",
+                                "pool": [{"partition": "gpu", "nodes": 1}]})
+    assert pool_user(named) == "trainer"
+
+
+def _has_passwd(pwd: Any, uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
