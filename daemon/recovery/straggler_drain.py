@@ -16,9 +16,10 @@ The decision (:func:`drain_refusal`, pure) refuses when:
   name is not trusted as a node name);
 - the node is drained or down already (by someone else: its reason is kept);
 - the run had a straggler drain within ``straggler_drain_every`` (one per run per window:
-  one slow run cannot drain a cluster);
+  one slow run cannot drain a cluster), this cycle's included (remembered in memory: their
+  events are written after the cycle's findings);
 - the run's partition is unknown, or would be left with fewer usable nodes (not bad, not
-  excluded by the attempt, not this one) than the run asks for (``nodes`` +
+  excluded by the attempt, not drained this cycle, not this one) than the run asks for (``nodes`` +
   ``spare_nodes``): the drain must not make the run's next attempt unschedulable.
 
 Recorded once, crash-safe: the watch appends the finding and the decision (``node.drained``

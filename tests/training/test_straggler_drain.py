@@ -291,3 +291,24 @@ def test_a_drain_this_cycle_counts_in_the_fit_check(store: SqlStore) -> None:
     """Another run's drain this cycle leaves the partition a node short (the records predate it)."""
     assert "leave 1 usable node(s)" in (_refusal(drained_now=["gpu03"]) or "")
     assert "drained by b300d in this cycle" in (_refusal(drained_now=["gpu02"]) or "")
+
+
+@pytest.mark.slurm
+def test_recovery_asks_sinfo_about_a_straggler_drained_node(store: SqlStore, slurm: CliSlurmClient,
+                                                            tmp_path: Path) -> None:
+    """The recoverer's verdict on the real cluster: gpu02 drained as r-1's straggler and
+    responding (sinfo ``drained``, no ``*``) is no suspect, so the job's error stays its own."""
+    from b300.config import RecoveryConfig
+    from b300.recovery.recoverer import Recoverer
+
+    attempt = _attempt(store, tmp_path, "r-1")
+    ended = store.update_attempt(attempt.id, T0, state=AttemptState.FAILED, exit_code=1, end=T0)
+    slurm.drain_node("gpu02", straggler_reason("r-1", 4242, "slow"))
+    store.sync_nodes(slurm.nodes(), T0)
+    nodes_now = {n.name: n for n in store.list_nodes()}
+    run = store.get_run("r-1")
+    rec = Recoverer(store, slurm, None, lambda: T0, RecoveryConfig())  # type: ignore[arg-type]
+    assert rec._straggler_drained(run, ended, nodes_now) == {"gpu02"}
+    assert rec._straggler_drained(store.get_run("r-1"), ended, {}) == set()  # no sinfo call needed
+    v = rec._verdict(run, ended, spec_of(run), nodes_now, T0)
+    assert (v.outcome, v.suspects) == (Outcome.JOB_ERROR, ())  # a plain drain: INFRA, gpu02
