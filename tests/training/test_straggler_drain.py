@@ -6,6 +6,7 @@ between the drain and its record; the default never draining."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -304,6 +305,13 @@ def test_recovery_asks_sinfo_about_a_straggler_drained_node(store: SqlStore, slu
     attempt = _attempt(store, tmp_path, "r-1")
     ended = store.update_attempt(attempt.id, T0, state=AttemptState.FAILED, exit_code=1, end=T0)
     slurm.drain_node("gpu02", straggler_reason("r-1", 4242, "slow"))
+    # slurmctld may flag a node just resumed by an earlier test not responding (``*``) until
+    # its next ping: wait for that (bounded), the case under test is a responding node.
+    for _ in range(60):
+        if "*" not in _state(slurm, "gpu02").flags:
+            break
+        time.sleep(1)
+    assert "*" not in _state(slurm, "gpu02").flags
     store.sync_nodes(slurm.nodes(), T0)
     nodes_now = {n.name: n for n in store.list_nodes()}
     run = store.get_run("r-1")
