@@ -155,7 +155,8 @@ def classify_end(
 
     ``drained_working``: nodes of the attempt drained while it ran for a reason that is
     not a failure (a straggler under ``[training] straggler_action = "drain"``): not bad
-    for this verdict, so a job's own error stays its own error.
+    for this verdict, so a job's own error stays its own error; unless ``lost`` or
+    ``node_health`` (``dead``) says it died, or the log names it.
 
     A job that failed within ``signal_grace`` of the daemon's checkpoint signal
     died of it (a batch shell that does not trap USR1 exits): SIGNALLED, the
@@ -170,10 +171,14 @@ def classify_end(
     with the job, instead of ``settle_s`` for Slurm to name one."""
     state = attempt.state
     lost = tuple(n for n in lost if n in attempt.nodes)
-    bad = tuple(n for n in attempt.nodes
-                if (node_is_bad(nodes_now.get(n)) and n not in drained_working) or n in lost)
     named = tuple(sorted({m.group(1) for line in log_lines for m in _NODE_IN_LOG.finditer(line)
                           if m.group(1) in attempt.nodes}))
+    # Drained for a reason that is not a failure, and not seen failing since: not confirmed
+    # dead by b300d's checks (lost, or dead now), not named by the job's log.
+    working = {n for n in drained_working
+               if n not in lost and n not in named and (node_health or {}).get(n) != "dead"}
+    bad = tuple(n for n in attempt.nodes
+                if (node_is_bad(nodes_now.get(n)) and n not in working) or n in lost)
     suspects = tuple(sorted(set(bad) | set(named)))
     infra_lines = infra_log_lines(log_lines)
     why = [f"slurm state {state.value}"]

@@ -59,7 +59,7 @@ from .classify import (
 from .exclusions import Exclusion
 from .node_loss import node_lost
 from .relaunch import relaunches
-from .straggler_drain import straggler_drained
+from .straggler_drain import ours, straggler_drained
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -211,8 +211,17 @@ class Recoverer:
             now=now, settle_s=self._config.settle_s, signal_sent=sent, lost=lost,
             node_health=self._node_health(last.nodes) if self._node_health else None,
             detect_window_s=self._detect_window_s,
-            drained_working=straggler_drained(last.nodes, nodes_now, run.id),
+            drained_working=self._straggler_drained(run, last, nodes_now),
         )
+
+    def _straggler_drained(self, run: Run, last: Attempt, nodes_now: Mapping[str, NodeRecord]) -> set[str]:
+        """The nodes of ``last`` drained as the run's straggler that respond now. The stored
+        records keep no sinfo flags (a dead drained node is ``drained*`` with our reason),
+        so sinfo is asked again, only when such a node exists (SlurmError: deferred)."""
+        mine = [n for n in last.nodes if ours(nodes_now.get(n), run.id)]
+        if not mine:
+            return set()
+        return straggler_drained(mine, {o.name: o for o in self._slurm.nodes()}, run.id)
 
     def _record_verdict(self, run: Run, last: Attempt, verdict: Verdict, now: datetime) -> Attempt:
         strikes = [NewEvent(Kind.NODE_FAILED, run_id=run.id, attempt_id=last.id, node=n,

@@ -16,9 +16,10 @@ The decision (:func:`drain_refusal`, pure) refuses when:
   name is not trusted as a node name);
 - the node is drained or down already (by someone else: its reason is kept);
 - the run had a straggler drain within ``straggler_drain_every`` (one per run per window:
-  one slow run cannot drain a cluster);
+  one slow run cannot drain a cluster), this cycle's included (remembered in memory: their
+  events are written after the cycle's findings);
 - the run's partition is unknown, or would be left with fewer usable nodes (not bad, not
-  excluded by the attempt, not this one) than the run asks for (``nodes`` +
+  excluded by the attempt, not drained this cycle, not this one) than the run asks for (``nodes`` +
   ``spare_nodes``): the drain must not make the run's next attempt unschedulable.
 
 Recorded once, crash-safe: the watch appends the finding and the decision (``node.drained``
@@ -38,7 +39,7 @@ import structlog
 from ..errors import SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
-from ..model import Attempt, NodeRecord
+from ..model import Attempt, NodeObservation, NodeRecord
 from ..spec import spec_of
 from .classify import node_is_bad
 
@@ -55,32 +56,42 @@ def straggler_reason(run_id: str, job_id: int | None, evidence: str) -> str:
     return f"b300: straggler in run {run_id} job {job_id}: {evidence}"[:MAX_REASON]
 
 
-def ours(rec: NodeRecord | None, run_id: str) -> bool:
+def ours(rec: NodeRecord | NodeObservation | None, run_id: str) -> bool:
     """``rec`` is drained with a straggler reason of ``run_id`` (a drain done before a crash)."""
     return rec is not None and "DRAIN" in rec.state.upper() and \
         rec.reason.startswith(f"b300: straggler in run {run_id} ")
 
 
-def straggler_drained(nodes: Sequence[str], nodes_now: Mapping[str, NodeRecord], run_id: str) -> set[str]:
-    """Of ``nodes``, those drained as ``run_id``'s straggler and bad for no other reason
-    (not down, responding): the attempt did not fail there, so recovery does not blame them."""
-    out = set()
-    for n in nodes:
-        rec = nodes_now.get(n)
-        if rec is not None and ours(rec, run_id) and rec.state.upper() in DRAIN_ONLY \
-                and "NOT RESPONDING" not in rec.reason.upper():
-            out.add(n)
-    return out
+def responding(obs: NodeObservation | None) -> bool:
+    """``obs`` (sinfo now, with its flags) shows a node that is drained and nothing else.
+
+    Slurm prints a node that is DOWN and DRAIN as ``drained`` (the drain wins in its state
+    string), with ``*`` while it does not respond, and keeps the reason it had (ours): the
+    flag is the only sign that a straggler-drained node died since."""
+    return obs is not None and "*" not in obs.flags and obs.state.upper() in DRAIN_ONLY \
+        and "NOT RESPONDING" not in obs.reason.upper()
+
+
+def straggler_drained(nodes: Sequence[str], observed: Mapping[str, NodeObservation], run_id: str) -> set[str]:
+    """Of ``nodes``, those drained as ``run_id``'s straggler and bad for no other reason,
+    as ``observed`` live (sinfo's observations, flags kept; a stored record has none):
+    responding, not down. The attempt did not fail there, so recovery does not blame them
+    (unless a liveness check or the job's log does: :func:`b300.recovery.classify.classify_end`)."""
+    return {n for n in nodes if ours(observed.get(n), run_id) and responding(observed.get(n))}
 
 
 def drain_refusal(*, host: str, run_id: str, attempt_nodes: Sequence[str],
                   nodes_now: Mapping[str, NodeRecord], last_drain: datetime | None,
                   every_s: float, now: datetime, partition: Sequence[str] | None,
-                  excluded: Collection[str], needed: int) -> str | None:
+                  excluded: Collection[str], needed: int,
+                  drained_now: Collection[str] = ()) -> str | None:
     """Why the straggler ``host`` of ``run_id`` must not be drained now (one phrase), or
-    None: drain it. ``last_drain``: the run's newest straggler drain."""
+    None: drain it. ``last_drain``: the run's newest straggler drain. ``drained_now``: the
+    nodes drained by this cycle already (``nodes_now`` predates them): not usable."""
     if host not in attempt_nodes:
         return f"{host} is not a Slurm node of the attempt ({', '.join(attempt_nodes[:4]) or 'none'})"
+    if host in drained_now:
+        return f"{host} was drained by b300d in this cycle already"
     rec = nodes_now.get(host)
     if node_is_bad(rec) and not ours(rec, run_id):
         assert rec is not None
@@ -90,7 +101,8 @@ def drain_refusal(*, host: str, run_id: str, attempt_nodes: Sequence[str],
                 f"one per {every_s / 3600:g} h (straggler_drain_every)")
     if partition is None:
         return "the run's partition nodes are unknown"
-    usable = {n for n in partition if not node_is_bad(nodes_now.get(n))} - set(excluded) - {host}
+    usable = ({n for n in partition if not node_is_bad(nodes_now.get(n))}
+              - set(excluded) - set(drained_now) - {host})
     if len(usable) < needed:
         return (f"draining it would leave {len(usable)} usable node(s) in the run's partition; "
                 f"the run needs {needed}")
@@ -105,18 +117,29 @@ class StragglerDrainer:
         self._store = store
         self._slurm = slurm
         self._clock = clock
+        # The drains of the current cycle (the ``now`` decide() is called with): their
+        # events are written after the cycle's findings, and the cycle's node records
+        # predate them, so the store shows neither yet.
+        self._cycle: datetime | None = None
+        self._drained_runs: dict[str, datetime] = {}
+        self._drained_hosts: set[str] = set()
 
     def decide(self, attempt: Attempt, host: str, evidence: str, step: int | None,
                every_s: float, now: datetime) -> NewEvent:
         """Drain ``host`` if :func:`drain_refusal` allows it; the event recording what was done
         (``node.drained`` or ``training.straggler_kept``), for the caller to append with the
         finding."""
+        if self._cycle != now:
+            self._cycle, self._drained_runs, self._drained_hosts = now, {}, set()
         run = self._store.get_run(attempt.run_id)
         spec = spec_of(run)
         nodes_now = {n.name: n for n in self._store.list_nodes()}
-        drains = [e for e in self._store.events(run_id=run.id, kinds=[Kind.NODE_DRAINED],
-                                                since=now - timedelta(seconds=every_s))
-                  if "straggler" in e.data]
+        last_drain = self._drained_runs.get(run.id)  # this cycle's first: not in the store yet
+        if last_drain is None:
+            drains = [e for e in self._store.events(run_id=run.id, kinds=[Kind.NODE_DRAINED],
+                                                    since=now - timedelta(seconds=every_s))
+                      if "straggler" in e.data]
+            last_drain = drains[-1].ts if drains else None
         partition: list[str] | None = None
         why: str | None = None
         if host in attempt.nodes:
@@ -126,9 +149,9 @@ class StragglerDrainer:
                 why = f"the run's partition nodes are unknown: {str(exc)[:120]}"
         why = why or drain_refusal(
             host=host, run_id=run.id, attempt_nodes=attempt.nodes, nodes_now=nodes_now,
-            last_drain=drains[-1].ts if drains else None, every_s=every_s, now=now,
+            last_drain=last_drain, every_s=every_s, now=now,
             partition=partition, excluded=attempt.excluded_nodes,
-            needed=spec.nodes + spec.spare_nodes)
+            needed=spec.nodes + spec.spare_nodes, drained_now=self._drained_hosts)
         data: dict[str, object] = {"step": step} if step is not None else {}
         if why is None:
             reason = straggler_reason(run.id, attempt.slurm_job_id, evidence)
@@ -137,6 +160,8 @@ class StragglerDrainer:
             except SlurmError as exc:
                 why = f"the drain failed: {str(exc)[:160]}"
             else:
+                self._drained_runs[run.id] = now
+                self._drained_hosts.add(host)
                 log.warning("node.drained", node=host, reason=reason)
                 return NewEvent(Kind.NODE_DRAINED, run_id=run.id, attempt_id=attempt.id, node=host,
                                 data={"reason": reason, "straggler": evidence[:500], **data})
