@@ -149,8 +149,12 @@ def one_requeue(base: Path, sim: dn.Sim, n: int) -> dict[str, Any]:
             if p.get("attempt", 1) == 1:
                 last_step = max(last_step, int(p.get("step", 0)))
             if "detect_s" not in marks:
-                st = sh("sinfo", "-h", "-N", f"--nodes={victim}", "-o", "%T", check=False)
-                if any(w in st for w in ("down", "fail", "drain")):
+                # The state alone can miss it: DOWN and the requeue come in the same
+                # millisecond, and the node may show as completing right after; the reason
+                # ("Not responding") stays until the node is resumed.
+                st, _, reason = sh("sinfo", "-h", "-N", f"--nodes={victim}", "-o", "%T|%E",
+                                   check=False).strip().partition("|")
+                if any(w in st for w in ("down", "fail", "drain")) or reason.strip() not in ("", "none"):
                     marks["detect_s"] = marks["excluded_s"] = now - t0
             state = sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
             if "resubmit_s" not in marks and ("PENDING" in state or "REQUEUE" in state):
