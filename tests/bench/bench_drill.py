@@ -1,22 +1,30 @@
-"""Benchmark: node crash -> excluded -> training again, measured by ``b300ctl drill`` itself.
+"""Benchmark: node crash -> excluded -> training again, three ways, the same crash.
 
-    python tests/bench/bench_drill.py [--runs 3] [--modes slurm,active] [--poll 1s]
+    python tests/bench/bench_drill.py [--runs 3] [--modes requeue,slurm,active] [--poll 1s]
+                                      [--out runs.jsonl] [--keep DIR]
 
 On the local cluster that ``SLURM_CONF`` names (its ``SlurmdTimeout`` is read from
 ``scontrol show config`` and printed), as root: for each mode, ``--runs`` times, a 2-node
-PyTorch job (tests/workload/train.py, a DCP checkpoint every 5 steps) is submitted
-through a real b300d and, once it has a checkpoint and passed step 7, drilled with
-``b300ctl drill RUN --method crash``. The crash is the same in every mode: the node
-"powered off" (``localcluster.sh freeze-node``: slurmd killed, the job's processes
-stopped where they are, so no socket closes; and the node's sshd stopped). Modes:
+PyTorch job (tests/workload/train.py, a DCP checkpoint every 5 steps) runs and, once it
+has a checkpoint and passed step 7, one of its nodes is crashed. The crash is the same in
+every mode: the node "powered off" (``localcluster.sh freeze-node``: slurmd killed, the
+job's processes stopped where they are, so no socket closes; and the node's sshd
+stopped). Modes:
 
-- ``slurm``: ``[liveness] enabled = false``: the daemon waits for Slurm to mark the node
-  down (``SlurmdTimeout`` plus its ping cycle);
-- ``active``: ``[liveness]`` on, confirmed over each node's own sshd (the drift tests'
-  simulated nodes, host keys checked): the daemon finds the node itself.
+- ``requeue``: Slurm alone: ``sbatch --requeue``, no daemon; the job script resumes from
+  the newest complete checkpoint. The bench polls Slurm (every 0.5 s) for the node down,
+  the job PENDING again and RUNNING again, and the progress file for training again;
+- ``slurm``: through a real b300d with ``[liveness] enabled = false``, drilled with
+  ``b300ctl drill RUN --method crash``: the daemon waits for Slurm to mark the node down
+  (``SlurmdTimeout`` plus its ping cycle);
+- ``active``: the same with ``[liveness]`` on, confirmed over each node's own sshd (the
+  drift tests' simulated nodes, host keys checked): the daemon finds the node itself.
 
-Prints each drill's figures and the medians per mode (seconds from the crash command
-starting). Slurm's own requeue, for comparison: ``tests/bench/bench_recovery.py``.
+Prints each run's figures (seconds from the crash command starting; the 1-minute load
+average sampled every 10 s meanwhile; for the daemon's modes, when ``drill.injected``,
+``liveness.suspect``, ``liveness.dead`` and ``node.drained`` came) and the medians per
+mode. ``--out`` appends each run as a JSON line; ``--keep`` keeps the daemons' logs and
+stores in DIR (a new folder).
 """
 
 from __future__ import annotations
