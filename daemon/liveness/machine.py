@@ -2,17 +2,17 @@
 
     OK --miss--> MISSING(k) --k reaches N--> SUSPECT --confirmation failed and
     silent for the window--> DEAD
+    SUSPECT --primary answers--> OK (CLEARED)
+    SUSPECT --confirmation answers--> SPLIT (CLEARED): the node is alive, only the
+        primary path is silent (e.g. slurmd died and systemd restarts it); confirmed
+        again every ``recheck_s`` while the primary stays silent
+    SPLIT, DEAD --primary answers--> OK (RECOVERED)
 
 The confirmation is asked one round early, at the (N-1)-th miss in a row, so that
 its own time (up to ``confirm_timeout_s`` for a silent node) runs beside the last
 primary check instead of after it; what it answers counts only while the primary
 stays silent (an answer to the primary forgets it). A node is still dead only after
 N + window misses in a row and a failed confirmation.
-    SUSPECT --primary answers--> OK (CLEARED)
-    SUSPECT --confirmation answers--> SPLIT (CLEARED): the node is alive, only the
-        primary path is silent (e.g. slurmd died and systemd restarts it); confirmed
-        again every ``recheck_s`` while the primary stays silent
-    SPLIT, DEAD --primary answers--> OK (RECOVERED)
 
 A round's results name every node checked; a node absent from a round is no
 longer a target and is forgotten. ``NOT_CHECKED`` results change nothing.
