@@ -8,6 +8,12 @@
         again every ``recheck_s`` while the primary stays silent
     SPLIT, DEAD --primary answers--> OK (RECOVERED)
 
+The confirmation is asked one round early, at the (N-1)-th miss in a row, so that
+its own time (up to ``confirm_timeout_s`` for a silent node) runs beside the last
+primary check instead of after it; what it answers counts only while the primary
+stays silent (an answer to the primary forgets it). A node is still dead only after
+N + window misses in a row and a failed confirmation.
+
 A round's results name every node checked; a node absent from a round is no
 longer a target and is forgotten. ``NOT_CHECKED`` results change nothing.
 
@@ -101,11 +107,17 @@ def observe_confirmations(states: Mapping[str, NodeLiveness], results: Sequence[
     decisions: list[Decision] = []
     for r in results:
         s = out.get(r.node)
-        if s is None or s.health is not Health.SUSPECT:
+        early = s is not None and s.health is Health.MISSING and s.confirm_asked_at is not None
+        if s is None or (s.health is not Health.SUSPECT and not early):
             continue
         text = f"confirmation {r.outcome.value} in {_ms(r.latency_s)}{': ' + r.detail if r.detail else ''}"
         s = _remember(replace(s, confirm_asked_at=None), now, text)
-        if r.outcome.alive:
+        if early:
+            # Asked one round before suspect: a failure is kept for the suspect's window; an
+            # answer (alive) or no verdict is not, and the confirmation is asked again then.
+            if r.outcome is ConfirmOutcome.FAILED:
+                s = replace(s, confirm_failed=text)
+        elif r.outcome.alive:
             s = replace(s, health=Health.SPLIT, confirmed_at=now, suspect_at=None, confirm_failed="")
             decisions.append(_decide(s, Verdict.CLEARED, now,
                                      "primary check silent but the node answers the confirmation: "
@@ -139,11 +151,21 @@ def _missed(s: NodeLiveness, r: CheckResult, now: datetime,
                   f"{r.outcome.value} {_ms(r.latency_s)}{' (' + r.detail + ')' if r.detail else ''}")
     if s.health in (Health.OK, Health.MISSING):
         if s.misses < config.misses_to_suspect:
-            return replace(s, health=Health.MISSING), None, False
+            s = replace(s, health=Health.MISSING)
+            if s.misses == config.misses_to_suspect - 1 and s.confirm_asked_at is None \
+                    and not s.confirm_failed:
+                # One round early: the confirmation's own time overlaps the last primary miss.
+                return replace(s, confirm_asked_at=now), None, True
+            return s, None, False
+        failed = s.confirm_failed  # the early confirmation's failure, if it came back already
+        ask = not failed and s.confirm_asked_at is None
         s = replace(s, health=Health.SUSPECT, suspect_at=now, suspect_misses=s.misses,
-                    confirm_asked_at=now, confirm_failed="")
-        return s, _decide(s, Verdict.SUSPECT, now,
-                          f"missed {s.misses} primary checks in a row: confirming"), True
+                    confirm_asked_at=now if ask else s.confirm_asked_at)
+        if failed and _window_over(s, config):  # a window of 0 rounds
+            s, d = _dead(s, now, config)
+            return s, d, False
+        how = "the confirmation failed already" if failed else "confirming"
+        return s, _decide(s, Verdict.SUSPECT, now, f"missed {s.misses} primary checks in a row: {how}"), ask
     if s.health is Health.SUSPECT:
         if s.confirm_failed and _window_over(s, config):
             s, d = _dead(s, now, config)

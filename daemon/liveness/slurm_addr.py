@@ -1,8 +1,10 @@
 """Where each node's slurmd listens, from ``scontrol show node`` (pure parsing) to check targets.
 
 ``scontrol show node [-o] NODES`` prints ``NodeAddr=`` (an IP or a host name; the
-node name when slurm.conf sets none) and ``Port=`` beside it (our fixtures of
-22.05, 24.11 and 26.05 all show it; when absent, the cluster's ``SlurmdPort``).
+node name when slurm.conf sets none) and ``Port=`` beside it, but only for a node whose
+port differs from the cluster's ``SlurmdPort`` (measured on 22.05: a node on it prints no
+``Port=``); that one is read from ``scontrol show config`` (:func:`parse_slurmd_port`),
+never assumed to be 6818.
 Both come before the free-text fields (``Reason=``, ``Comment=``, ``Extra=``), and
 nothing after those is read, so a reason that spells ``NodeAddr=`` or ``Port=``
 cannot move a check.
@@ -60,6 +62,21 @@ def parse_node_addresses(text: str) -> dict[str, NodeAddress]:
         number = int(port.group(1)) if port else None
         out[node] = NodeAddress(node, host, number if number and number < 65536 else None)
     return out
+
+
+_SLURMD_PORT = re.compile(r"^SlurmdPort\s*=\s*(\d{1,5})\s*$", re.MULTILINE)
+
+
+def parse_slurmd_port(text: str) -> int | None:
+    """The cluster's ``SlurmdPort`` from ``scontrol show config`` output, or None."""
+    m = _SLURMD_PORT.search(text)
+    port = int(m.group(1)) if m else 0
+    return port if 0 < port < 65536 else None
+
+
+def with_default_port(addresses: Mapping[str, NodeAddress], port: int) -> dict[str, NodeAddress]:
+    """``addresses`` with ``port`` (the cluster's SlurmdPort) for every node that printed none."""
+    return {n: a if a.port is not None else NodeAddress(a.node, a.addr, port) for n, a in addresses.items()}
 
 
 Resolver = Callable[[str], str]

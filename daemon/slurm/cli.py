@@ -218,7 +218,7 @@ class CliSlurmClient:
         return parse_partition_nodes(self._call(argv), partition)
 
     def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
-        from ..liveness.slurm_addr import parse_node_addresses
+        from ..liveness.slurm_addr import parse_node_addresses, parse_slurmd_port, with_default_port
 
         names = [check_node_name(n) for n in nodes]
         if not names:
@@ -226,7 +226,13 @@ class CliSlurmClient:
         # -o: one record a line; a hostlist keeps argv short for thousands of nodes.
         wanted = set(names)
         found = parse_node_addresses(self._call(["scontrol", "show", "node", "-o", fold_nodes(names)]))
-        return {n: a for n, a in found.items() if n in wanted}
+        found = {n: a for n, a in found.items() if n in wanted}
+        if any(a.port is None for a in found.values()):
+            # Slurm prints no Port= for a node on the cluster's SlurmdPort: ask for that one.
+            port = parse_slurmd_port(self._call(["scontrol", "show", "config"]))
+            if port is not None:
+                found = with_default_port(found, port)
+        return found
 
     def drain_node(self, node: str, reason: str) -> None:
         self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=DRAIN",

@@ -32,53 +32,10 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER = REPO / "deploy" / "localcluster.sh"
-TRAIN = REPO / "tests" / "workload" / "train.py"
+from benchlib import CLUSTER, TRAIN, cluster_conf, node_down_at, progress, restore, sh, wait
+
 STEPS = 400
-
-
-def sh(*argv: str, timeout: float = 60, check: bool = True) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                          check=check).stdout
-
-
-def wait(pred: Any, timeout: float, what: str, every: float = 0.1) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def progress(run_dir: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads((run_dir / "progress.json").read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def node_down_at(node: str) -> float | None:
-    """When slurmctld marked ``node`` down (the timestamp of its reason)."""
-    out = sh("sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T|%H")
-    state, ts = out.strip().splitlines()[0].split("|")
-    if "down" not in state and "drain" not in state and "fail" not in state:
-        return None
-    try:
-        return datetime.fromisoformat(ts).timestamp()
-    except ValueError:
-        return None
-
-
-def restore(node: str) -> None:
-    sh("bash", str(CLUSTER), "restart-node", node, timeout=120, check=False)
-    sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-    wait(lambda: "idle" in sh("sinfo", "-h", "-N", f"--nodes={node}", "-o", "%T")
-         or "mix" in sh("sinfo", "-h", "-N", f"--nodes={node}", "-o", "%T"), 60, f"{node} idle")
 
 
 def bench_b300d(base: Path, conf: str, poll: str) -> dict[str, float]:
@@ -187,8 +144,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--poll", default="10s", help="b300d poll interval (default 10s)")
     args = ap.parse_args()
-    conf = os.environ.get("SLURM_CONF") or sh("bash", str(CLUSTER), "env").split("=", 1)[1].strip()
-    os.environ["SLURM_CONF"] = conf
+    conf = cluster_conf()
     release = sh("sinfo", "-V").strip()
     with tempfile.TemporaryDirectory(prefix="b300-bench-rec-") as tmp:
         base = Path(tmp)

@@ -38,21 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def sh(*argv: str, timeout: float = 60) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=True).stdout
-
-
-def wait(pred: Any, timeout: float, what: str, every: float = 0.05) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+from benchlib import CLUSTER, sh, wait
 
 
 def log_lines(log: Path) -> list[dict[str, Any]]:
@@ -113,14 +99,14 @@ def main() -> int:
     program = state / "node-down-trigger"
     rows: list[dict[str, float]] = []
     try:
-        wait(lambda: any(r.get("event") == "trigger.armed" for r in log_lines(log)), 60, "trigger.armed")
+        wait(lambda: any(r.get("event") == "trigger.armed" for r in log_lines(log)), 60, "trigger.armed", 0.05)
         print(f"slurm {sh('sinfo', '-V').strip()}; trigger program {program}")
         from b300.control import call_daemon
 
         for i in range(args.events):
             time.sleep(random.uniform(0, 15))  # noqa: S311 - a random phase against the trigger pass
             seen = len(log_lines(log))
-            sh("bash", str(REPO / "deploy" / "localcluster.sh"), "kill-node", args.node)
+            sh("bash", str(CLUSTER), "kill-node", args.node)
             t_down = time.time()
             sh("scontrol", "update", f"NodeName={args.node}", "State=DOWN", "Reason=bench_trigger")
             wake = wait(lambda s=seen: [r for r in log_lines(log)[s:] if r.get("event") == "control.wake"],
@@ -130,7 +116,7 @@ def main() -> int:
             rows.append({"wake": ts(wake) - t_down, "acted": acted - t_down})
             print(f"event {i + 1:2d}: DOWN -> wake {rows[-1]['wake']:5.2f} s, -> acted "
                   f"{rows[-1]['acted']:5.2f} s", flush=True)
-            sh("bash", str(REPO / "deploy" / "localcluster.sh"), "restart-node", args.node, timeout=180)
+            sh("bash", str(CLUSTER), "restart-node", args.node, timeout=180)
             t_up = time.time()
             # restart-node usually returns it already (ReturnToService=2); resume if not.
             subprocess.run(["scontrol", "update", f"NodeName={args.node}", "State=RESUME"],
@@ -148,7 +134,7 @@ def main() -> int:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
-        subprocess.run(["bash", str(REPO / "deploy" / "localcluster.sh"), "restart-node", args.node],
+        subprocess.run(["bash", str(CLUSTER), "restart-node", args.node],
                        capture_output=True, env=env, timeout=180, check=False)
         subprocess.run(["scontrol", "update", f"NodeName={args.node}", "State=RESUME"],
                        capture_output=True, env=env, timeout=30, check=False)

@@ -54,6 +54,25 @@ def _targets(conf: str) -> list[Target]:
     return targets
 
 
+def test_every_nodes_slurmd_is_a_target_at_its_own_port(slurm_conf: str) -> None:
+    """The daemon's own path (CliSlurmClient.node_addresses) on every node of the cluster:
+    gpu01 listens on the cluster's SlurmdPort, for which scontrol prints no Port=; its
+    target must still be its slurmd (it was 6818 before: refused, every run on gpu01 SPLIT)."""
+    from b300.slurm.cli import CliSlurmClient
+
+    nodes = ["gpu01", "gpu02", "gpu03", "gpu04"]
+    conf_ports = {}
+    for line in Path(slurm_conf).read_text().splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("NodeName") in nodes and "Port" in fields:
+            conf_ports[fields["NodeName"]] = int(fields["Port"])
+    targets, missing = targets_for(nodes, CliSlurmClient(slurm_conf=slurm_conf).node_addresses(nodes))
+    assert not missing, missing
+    assert {t.node: t.port for t in targets} == conf_ports
+    results = TcpProber(timeout_s=CFG.timeout_s).check(targets, CFG.interval_s)
+    assert [(r.node, r.outcome.value) for r in results] == [(n, "ok") for n in nodes]
+
+
 def _monitor(sim: Sim) -> LivenessMonitor:
     settings = SshSettings(user="root", known_hosts=str(sim.known_hosts), key_file=str(sim.key))
     addresses = {n: Endpoint("127.0.0.1", node.port) for n, node in sim.nodes.items()}

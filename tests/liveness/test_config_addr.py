@@ -9,7 +9,12 @@ from pydantic import ValidationError
 
 from b300.liveness.config import LivenessConfig, load_liveness_config
 from b300.liveness.records import Target
-from b300.liveness.slurm_addr import parse_node_addresses, targets_for
+from b300.liveness.slurm_addr import (
+    parse_node_addresses,
+    parse_slurmd_port,
+    targets_for,
+    with_default_port,
+)
 from b300.model import NodeAddress
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -60,6 +65,28 @@ def test_parse_many_records_no_port_and_a_hostile_reason() -> None:
         "n1": NodeAddress("n1", "10.1.0.1", None),
         "n2": NodeAddress("n2", "n2.ib.cluster", 6820),
     }
+
+
+def test_slurmd_port_from_scontrol_show_config() -> None:
+    # Lines as 22.05's `scontrol show config` prints them (local cluster, 2026-12-02).
+    text = ("SlurmdPidFile           = /var/tmp/b300-bench14b/run/slurmd-%n.pid\n"
+            "SlurmdPort              = 18301\n"
+            "SlurmdSpoolDir          = /var/tmp/b300-bench14b/spool/%n\n"
+            "SlurmdTimeout           = 300 sec\n")
+    assert parse_slurmd_port(text) == 18301
+    assert parse_slurmd_port("SlurmdTimeout = 300 sec\n") is None
+    assert parse_slurmd_port("SlurmdPort = 70000\n") is None
+
+
+def test_a_node_without_port_gets_the_clusters_slurmd_port() -> None:
+    # 22.05 prints no Port= for a node on the cluster's SlurmdPort (gpu01 of the local
+    # cluster: SlurmdPort=18101, gpu01 Port=18101): it must not be checked at 6818.
+    found = parse_node_addresses("NodeName=gpu01 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 "
+                                 "NodeHostName=localhost Version=22.05.8\n"
+                                 "NodeName=gpu02 NodeAddr=127.0.0.1 NodeHostName=localhost Port=18102\n")
+    assert found["gpu01"].port is None
+    assert with_default_port(found, 18101) == {"gpu01": NodeAddress("gpu01", "127.0.0.1", 18101),
+                                               "gpu02": NodeAddress("gpu02", "127.0.0.1", 18102)}
 
 
 def test_targets_resolve_names_once_and_say_why_a_node_has_none() -> None:

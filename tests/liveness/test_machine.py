@@ -42,8 +42,9 @@ def test_dead_after_n_misses_a_failed_confirmation_and_the_window() -> None:
     s = _round(dict(s.states), 1, a=REFUSED, b=OK)
     s = _round(dict(s.states), 2, a=REFUSED, b=OK)
     assert s.decisions == () and s.states["a"].health is Health.MISSING
+    assert s.confirm == ("a",)  # asked one round before suspect
     s = _round(dict(s.states), 3, a=REFUSED, b=OK)
-    assert _verdicts(s) == [("a", Verdict.SUSPECT)] and s.confirm == ("a",)
+    assert _verdicts(s) == [("a", Verdict.SUSPECT)] and s.confirm == ()  # asked already
     c = _confirm(dict(s.states), 3.05, "a", ConfirmOutcome.FAILED)
     assert c.decisions == ()  # the window (one round) is not over yet
     s = _round(dict(c.states), 4, a=REFUSED, b=OK)
@@ -60,8 +61,8 @@ def test_dead_after_n_misses_a_failed_confirmation_and_the_window() -> None:
 def test_confirmation_answering_clears_and_rechecks_later() -> None:
     s = _round(None, 0, a=TIMEOUT, b=OK)
     s = _round(dict(s.states), 1, a=TIMEOUT, b=OK)
-    s = _round(dict(s.states), 2, a=TIMEOUT, b=OK)
     assert s.confirm == ("a",)
+    s = _round(dict(s.states), 2, a=TIMEOUT, b=OK)
     c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.ANSWERED)
     assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
     states = dict(c.states)
@@ -117,8 +118,9 @@ def test_stale_confirmation_is_ignored() -> None:
 def test_lost_confirmation_is_asked_again() -> None:
     s = _round(None, 0, a=REFUSED)
     s = _round(dict(s.states), 1, a=REFUSED)
+    assert s.confirm == ("a",)  # at the second miss: one round before suspect
     s = _round(dict(s.states), 2, a=REFUSED)
-    assert s.confirm == ("a",)
+    assert s.confirm == ()
     states = dict(s.states)
     again = []
     for i in range(3, 8):  # no answer ever comes back
@@ -126,7 +128,7 @@ def test_lost_confirmation_is_asked_again() -> None:
         states = dict(s.states)
         again += [i] * len(s.confirm)
         assert s.decisions == ()  # never dead without a failed confirmation
-    assert again and again[0] == 5  # after confirm_timeout_s + interval_s
+    assert again and again[0] == 4  # confirm_timeout_s + interval_s after the ask at 1 s
 
 
 # -- properties -------------------------------------------------------------
@@ -152,7 +154,8 @@ def _run(config: LivenessConfig, seq: list[CheckOutcome], confirms: list[Confirm
         verdicts += [d.verdict for d in s.decisions]
         dead_at += [i for d in s.decisions if d.verdict is Verdict.DEAD]
         c = confirms[i % len(confirms)]
-        if c is not None and states["a"].health is Health.SUSPECT:
+        if c is not None and (states["a"].health is Health.SUSPECT or
+                              states["a"].confirm_asked_at is not None):
             s = observe_confirmations(states, [ConfirmResult("a", c, 0.01)],
                                       now + timedelta(seconds=0.1), config)
             states = dict(s.states)
@@ -213,6 +216,70 @@ def test_a_dead_node_is_found_within_n_plus_window_rounds(n: int, w: int) -> Non
     _, dead_at = _run(config, [REFUSED] * 20, [ConfirmOutcome.FAILED])
     # Suspect at the n-th miss (round n-1); the failed confirmation comes back at once;
     # dead once w more rounds missed (at once when the window is 0).
+    assert dead_at == [n - 1 + w]
+
+
+def test_an_early_failed_confirmation_makes_the_suspect_dead_after_the_window() -> None:
+    s = _round(None, 0, a=REFUSED, b=OK)
+    s = _round(dict(s.states), 1, a=REFUSED, b=OK)
+    assert s.confirm == ("a",) and s.decisions == ()
+    c = _confirm(dict(s.states), 1.9, "a", ConfirmOutcome.FAILED)
+    assert c.decisions == () and c.states["a"].health is Health.MISSING
+    s = _round(dict(c.states), 2, a=REFUSED, b=OK)
+    assert _verdicts(s) == [("a", Verdict.SUSPECT)] and s.confirm == ()
+    assert "the confirmation failed already" in s.decisions[0].evidence
+    s = _round(dict(s.states), 3, a=REFUSED, b=OK)  # the window: one more round of silence
+    assert _verdicts(s) == [("a", Verdict.DEAD)] and s.decisions[0].misses == 4
+    assert "confirmation failed in 10 ms" in s.decisions[0].evidence
+
+
+def test_an_early_confirmation_is_forgotten_when_the_primary_answers() -> None:
+    s = _round(None, 0, a=TIMEOUT, b=OK)
+    s = _round(dict(s.states), 1, a=TIMEOUT, b=OK)
+    c = _confirm(dict(s.states), 1.5, "a", ConfirmOutcome.FAILED)
+    s = _round(dict(c.states), 2, a=OK, b=OK)  # a 2 s silence: never suspect
+    assert s.decisions == () and s.states["a"].health is Health.OK and not s.states["a"].confirm_failed
+    states = dict(s.states)
+    for i in range(3, 6):  # a new silence: the old failure does not count for it
+        s = _round(states, i, a=TIMEOUT, b=OK)
+        states = dict(s.states)
+    assert _verdicts(s) == [("a", Verdict.SUSPECT)] and "confirming" in s.decisions[0].evidence
+    s = _round(states, 6, a=TIMEOUT, b=OK)
+    assert s.decisions == ()  # no failed confirmation for this silence yet: not dead
+
+
+def test_an_early_alive_answer_is_asked_again_at_suspect() -> None:
+    s = _round(None, 0, a=TIMEOUT, b=OK)
+    s = _round(dict(s.states), 1, a=TIMEOUT, b=OK)
+    c = _confirm(dict(s.states), 1.5, "a", ConfirmOutcome.ANSWERED)
+    assert c.decisions == () and c.states["a"].health is Health.MISSING
+    s = _round(dict(c.states), 2, a=TIMEOUT, b=OK)
+    assert _verdicts(s) == [("a", Verdict.SUSPECT)] and s.confirm == ("a",)
+    c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.ANSWERED)
+    assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 4))
+def test_a_slow_confirmation_does_not_delay_the_verdict(n: int, w: int) -> None:
+    """A silent node's confirmation takes its whole timeout (1.5 rounds at the defaults):
+    asked one round early, its failure is back before the window ends, so the node is
+    still dead at the (N + window)-th miss, as when the confirmation answers at once."""
+    config = LivenessConfig(misses_to_suspect=n, confirm_window_s=float(w))
+    states: dict[str, NodeLiveness] = {}
+    due: dict[int, list[str]] = {}
+    dead_at: list[int] = []
+    for i in range(20):
+        now = T0 + timedelta(seconds=i)
+        for node in due.pop(i, []):  # the monitor folds answers in at the start of a round
+            c = observe_confirmations(states, [ConfirmResult(node, ConfirmOutcome.FAILED, 1.5)], now, config)
+            states = dict(c.states)
+            dead_at += [i for d in c.decisions if d.verdict is Verdict.DEAD]
+        s = observe_checks(states, [CheckResult("a", TIMEOUT, 0.8), CheckResult("b", OK, 0.0)], now, config)
+        states = dict(s.states)
+        dead_at += [i for d in s.decisions if d.verdict is Verdict.DEAD]
+        for node in s.confirm:
+            due.setdefault(i + 2, []).append(node)  # asked at i, failed at i + 1.5
     assert dead_at == [n - 1 + w]
 
 
