@@ -70,6 +70,28 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
 
 
+def repair(node: str) -> None:
+    """A crashed node back in service: its slurmd restarted, the node resumed."""
+    sh("bash", str(CLUSTER), "restart-node", node, check=False, timeout=120)
+    sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+
+
+def repair_due(repairs: list[tuple[float, str]], now: float) -> None:
+    """Repair (and forget) the crashed nodes whose repair time has come."""
+    for due in [r for r in repairs if r[0] <= now]:
+        repairs.remove(due)
+        repair(due[1])
+
+
+def progress_now(run_dir: Path, step_time: float, now: float) -> tuple[bool, dict[str, Any]]:
+    """Whether the run trains (rank 0 wrote a step in the last few step times), and its step."""
+    try:
+        p = json.loads((run_dir / "progress.json").read_text())
+        return now - float(p["time"]) < 3 * step_time + 2, p
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, {}
+
+
 def step_log(path: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     try:
@@ -171,15 +193,8 @@ def main() -> int:
             print(f"run {run_id}: {args.duration:.0f} s, failures every {args.mean_between:.0f} s of training "
                   f"on average, first after {gap:.0f} s", flush=True)
             while (now := time.time()) < t_end:
-                for when, node in [r for r in repairs if r[0] <= now]:
-                    repairs.remove((when, node))
-                    sh("bash", str(CLUSTER), "restart-node", node, check=False, timeout=120)
-                    sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-                try:
-                    p = json.loads((run_dir / "progress.json").read_text())
-                    fresh = now - float(p["time"]) < 3 * args.step_time + 2
-                except (OSError, ValueError, KeyError, TypeError):
-                    fresh = False
+                repair_due(repairs, now)
+                fresh, p = progress_now(run_dir, args.step_time, now)
                 if fresh:
                     exposure += now - last_tick
                 last_tick = now
@@ -187,7 +202,7 @@ def main() -> int:
                     kind = plan.pop(0) if plan else rng.choices(list(WEIGHTS), list(WEIGHTS.values()))[0]
                     status = json.loads(sh(*ctl, "status", run_id))
                     att = status["attempts"][-1]
-                    job, nodes = att.get("job_id") or att.get("slurm_job_id"), att.get("nodes") or []
+                    job, nodes = att.get("job_id"), att.get("nodes") or []
                     node = rng.choice(nodes) if nodes else ""
                     rec = {"kind": kind, "at": round(now - t0, 1), "job": job, "node": node,
                            "step": p.get("step")}
@@ -214,20 +229,13 @@ def main() -> int:
             limit = time.monotonic() + 900
             while True:
                 t1 = time.time()
-                try:
-                    p = json.loads((run_dir / "progress.json").read_text())
-                    fresh = t1 - float(p["time"]) < 3 * args.step_time + 2
-                except (OSError, ValueError, KeyError, TypeError):
-                    fresh = False
+                fresh, _ = progress_now(run_dir, args.step_time, t1)
                 att = json.loads(sh(*ctl, "status", run_id))["attempts"][-1]
                 if fresh and att.get("job_id") != last_job and att.get("state") == "RUNNING":
                     break
                 if time.monotonic() > limit:
                     raise SystemExit("the run did not train again within 15 min of the trace's end")
-                for when, node in [r for r in repairs if r[0] <= t1]:
-                    repairs.remove((when, node))
-                    sh("bash", str(CLUSTER), "restart-node", node, check=False, timeout=120)
-                    sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+                repair_due(repairs, t1)
                 time.sleep(1)
             report = json.loads(sh(*ctl, "report", "--since", iso(t0 - 60), "--until", iso(t1), "--format",
                                    "json", timeout=120))
@@ -240,8 +248,7 @@ def main() -> int:
             for job in preemptors:
                 sh("scancel", job, check=False)
             for _, node in repairs:
-                sh("bash", str(CLUSTER), "restart-node", node, check=False, timeout=120)
-                sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+                repair(node)
         fig = next(r for r in report["runs"] if r["run_id"] == run_id)
         history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines() if line]
         wl = workload_ettr(history, step_log(run_dir / "steps.0.jsonl"), t0, t1)

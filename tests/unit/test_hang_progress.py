@@ -9,9 +9,9 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from b300.model import AttemptState
+from b300.model import Attempt, AttemptState
 from b300.recovery.hangs import HangWatch
-from b300.store import open_store
+from b300.store import SqlStore, open_store
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -19,6 +19,14 @@ T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 def _spec(progress: Path) -> str:
     return (f'name = "r"\n[job]\ncommand = "srun train"\nnodes = 1\n'
             f'[health]\nprogress_file = "{progress}"\nhang_timeout = "1h"\n')
+
+
+def _running(store: SqlStore, progress: Path) -> Attempt:
+    """Run ``r`` with one attempt RUNNING on gpu01 since T0, as job 7."""
+    store.create_run("r", "r", _spec(progress), T0)
+    a = store.begin_attempt("r", T0)
+    store.confirm_attempt(a.id, 7, T0)
+    return store.update_attempt(a.id, T0, state=AttemptState.RUNNING, nodes=["gpu01"], start=T0)
 
 
 def _write(progress: Path, step: object, at: datetime) -> None:
@@ -30,11 +38,8 @@ def test_progress_is_stamped_with_the_write_time_and_the_last_step_read_at_the_e
     progress = tmp_path / "progress.json"
     now = [T0 + timedelta(seconds=30)]
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        store.create_run("r", "r", _spec(progress), T0)
-        a = store.begin_attempt("r", T0)
-        store.confirm_attempt(a.id, 7, T0)
-        a = store.update_attempt(a.id, T0, state=AttemptState.RUNNING, nodes=["gpu01"], start=T0)
-        watch = HangWatch(store, None, lambda: now[0])  # type: ignore[arg-type] - no cancel in this test
+        a = _running(store, progress)
+        watch = HangWatch(store, None, lambda: now[0])  # no Slurm: nothing is cancelled here
         _write(progress, 10, T0 + timedelta(seconds=21.5))
         assert watch.check([a]) == 0
         # The job went on to step 14 and died; the poll never saw 14 while it ran.
@@ -52,11 +57,8 @@ def test_a_file_written_after_the_attempt_ended_is_not_its_last_step(tmp_path: P
     progress = tmp_path / "progress.json"
     now = [T0 + timedelta(seconds=30)]
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        store.create_run("r", "r", _spec(progress), T0)
-        a = store.begin_attempt("r", T0)
-        store.confirm_attempt(a.id, 7, T0)
-        a = store.update_attempt(a.id, T0, state=AttemptState.RUNNING, nodes=["gpu01"], start=T0)
-        watch = HangWatch(store, None, lambda: now[0])  # type: ignore[arg-type]
+        a = _running(store, progress)
+        watch = HangWatch(store, None, lambda: now[0])
         _write(progress, 10, T0 + timedelta(seconds=21.5))
         watch.check([a])
         store.update_attempt(a.id, T0 + timedelta(seconds=40), state=AttemptState.FAILED,
@@ -72,11 +74,8 @@ def test_a_step_in_non_ascii_digits_is_not_a_step(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     now = [T0 + timedelta(seconds=30)]
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        store.create_run("r", "r", _spec(progress), T0)
-        a = store.begin_attempt("r", T0)
-        store.confirm_attempt(a.id, 7, T0)
-        a = store.update_attempt(a.id, T0, state=AttemptState.RUNNING, nodes=["gpu01"], start=T0)
-        watch = HangWatch(store, None, lambda: now[0])  # type: ignore[arg-type]
+        a = _running(store, progress)
+        watch = HangWatch(store, None, lambda: now[0])
         _write(progress, "\u00b2", T0 + timedelta(seconds=20))
         assert watch.check([a]) == 0
         store.update_attempt(a.id, T0 + timedelta(seconds=40), state=AttemptState.FAILED,
