@@ -160,7 +160,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
     Kind.SPARES_POOL: frozenset({"partition", "reservation", "wanted", "nodes", "idle", "held", "added",
-                                 "removed", "short", "error", "adopted"}),
+                                 "removed", "short", "error", "adopted", "retired"}),
     Kind.SPARES_USED: frozenset({"partition", "reservation", "needed", "usable", "nodes", "job_id",
                                  "refused", "error", "dropped", "why"}),
     Kind.RECOVERY_WAITING: frozenset({"why", "log"}),

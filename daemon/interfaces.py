@@ -94,6 +94,11 @@ class SlurmClient(Protocol):
         state (one sinfo call)."""
         ...
 
+    def default_partition(self) -> str | None:
+        """The name of the cluster's default partition (``Default=YES``), None if it has none
+        (one sinfo call)."""
+        ...
+
     def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
         """Where the slurmd of each of ``nodes`` listens (one ``scontrol show node``); a node
         without a usable address is absent (it is not checked, never guessed at)."""

@@ -263,7 +263,10 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
                 findings[key] = findings.get(key, 0) + n
         pools: dict[str, int] = {}
         for e in store.events(kinds=[Kind.SPARES_POOL]):   # one per change; the latest per partition wins
-            pools[str(e.data.get("partition"))] = len(e.data.get("idle") or [])
+            if e.data.get("retired"):
+                pools.pop(str(e.data.get("partition")), None)
+            else:
+                pools[str(e.data.get("partition"))] = len(e.data.get("idle") or [])
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}

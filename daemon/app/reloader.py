@@ -1,9 +1,11 @@
 """Config reloads (SIGHUP): what may change in a running daemon (pure), and applying it.
 
 Settings read on every use (poll interval, log level, admin group, recovery
-thresholds, ``[training]``, report and alert delivery) are applied live (``[training]``:
-the running attempts' detectors take the new thresholds at the next cycle and keep
-their state, :meth:`b300.training.watch.TrainingWatch.check`); the ones the daemon
+thresholds, ``[training]``, ``[spares]``, report and alert delivery) are applied live
+(``[training]``: the running attempts' detectors take the new thresholds at the next cycle
+and keep their state, :meth:`b300.training.watch.TrainingWatch.check`; ``[spares]``: a new
+pool is filled and a dropped one's reservation deleted at the next upkeep,
+:meth:`b300.spares.watch.SparePools.upkeep`); the ones the daemon
 built its parts from at start-up (state directory, database, socket, Slurm
 client, drift SSH settings, metrics listener) need a restart, and are kept at
 their old values until then.
@@ -27,7 +29,7 @@ from ..interfaces import NewEvent, Store
 #: Fields of Config a running daemon can take over without a restart.
 LIVE_FIELDS = frozenset({
     "poll_interval_s", "max_backoff_s", "log_format", "log_level",
-    "admin_group", "recovery", "report", "alerts", "drill", "training",
+    "admin_group", "recovery", "report", "alerts", "drill", "training", "spares",
 })
 
 

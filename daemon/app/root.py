@@ -82,10 +82,13 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         return _drifted_nodes(drift, store, slurm) | (recoverer.black_hole_nodes() if recoverer else set())
 
     # The daemon-held spare pools ([spares], b300.spares): refilled by the cycle, asked by
-    # every resubmission. With no pool configured they do nothing and ask Slurm nothing.
+    # every resubmission. With no pool configured they ask Slurm once, at the first upkeep
+    # (a pool an earlier config left is deleted), then nothing.
     # Which runs keep a pool's surplus and which nodes are promised: read from the store by
     # the pools (b300.spares.watch.waiting_runs). The user is resolved now: a UID with no
     # passwd entry is a one-line config error at start-up, not a KeyError every refill.
+    # [spares] is live (SIGHUP): a pool added by a reload is made at the next upkeep, one
+    # dropped has its reservation deleted (b300.spares.watch.SparePools.upkeep).
     pools_on = bool(config.spares.pools)
     spares = SparePools(store, slurm, clock, lambda: current.get().spares, avoid=avoid,
                         user=pool_user(config.spares) if pools_on else "")
@@ -93,7 +96,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                          job_log_dir=config.job_log_dir,
                          avoid_nodes=lambda: _drifted_nodes(drift, store, slurm),
                          black_holes=lambda: recoverer.black_hole_nodes() if recoverer else set(),
-                         plugins=plugins, spares=spares.placement if pools_on else None,
+                         plugins=plugins, spares=spares.placement,
                          on_placed=spares.placed)
     scheduler = BackgroundScheduler(timezone=UTC)
     cycles_box: list[CycleRunner] = []
@@ -127,7 +130,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
                       recoverer=recoverer, hangs=hangs, training=training,
-                      spares=spares if pools_on else None)
+                      spares=spares)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)

@@ -67,6 +67,9 @@ def spare_pools(events: list[Event]) -> list[dict[str, Any]]:
     """The daemon's spare pools as last recorded (one ``spares.pool`` event per change)."""
     last: dict[str, dict[str, Any]] = {}
     for e in events:
+        if e.data.get("retired"):   # the config dropped it and its reservation is deleted
+            last.pop(str(e.data.get("reservation")), None)
+            continue
         last[str(e.data.get("reservation"))] = {**e.data, "ts": e.ts.isoformat()}
     return [last[k] for k in sorted(last)]
 

@@ -28,6 +28,7 @@ from .parse import (
     fold_nodes,
     is_transient,
     normalise_reason,
+    parse_default_partition,
     parse_partition_nodes,
     parse_sacct,
     parse_sbatch,
@@ -216,6 +217,9 @@ class CliSlurmClient:
         if partition is not None:
             argv.append(f"--partition={_word(partition)}")
         return parse_partition_nodes(self._call(argv), partition)
+
+    def default_partition(self) -> str | None:
+        return parse_default_partition(self._call(["sinfo", "--noheader", "--format=%P"]))
 
     def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
         from ..liveness.slurm_addr import parse_node_addresses, parse_slurmd_port, with_default_port

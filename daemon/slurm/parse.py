@@ -224,6 +224,15 @@ def parse_sinfo(stdout: str) -> tuple[list[NodeObservation], list[str]]:
     return [seen[n] for n in sorted(seen)], bad
 
 
+def parse_default_partition(stdout: str) -> str | None:
+    """The partition sinfo marks with ``*`` in ``sinfo -h -o %P`` (one name a line), or None."""
+    for line in stdout.splitlines():
+        name = line.strip()
+        if name.endswith("*") and name.rstrip("*"):
+            return name.rstrip("*")
+    return None
+
+
 def parse_partition_nodes(stdout: str, partition: str | None) -> list[str]:
     """Nodes of ``partition`` from ``sinfo -h -N -o %N|%P`` (``None``: the default
     partition, whose name sinfo marks with ``*``); sorted, each once."""

@@ -182,6 +182,10 @@ def _op_partition_nodes(ps: Any, partition: str | None) -> list[str]:
     raise ValueError(f"no partition {partition or '(default)'}")
 
 
+def _op_default_partition(ps: Any) -> str | None:
+    return next((str(p.name) for p in ps.Partitions.load().values() if p.is_default), None)
+
+
 def _op_node_state(ps: Any, node: str, state: str, reason: str) -> None:
     changes = ps.Node(state=state, reason=reason) if reason else ps.Node(state=state)
     ps.Node(node).modify(changes)
@@ -196,6 +200,7 @@ _OPS: dict[str, Callable[..., Any]] = {
     "submit": _op_submit, "jobs": _op_jobs, "accounting": _op_accounting,
     "by_name": _op_by_name, "cancel": _op_cancel, "nodes": _op_nodes,
     "node_state": _op_node_state, "partition_nodes": _op_partition_nodes,
+    "default_partition": _op_default_partition,
 }
 
 
@@ -410,6 +415,10 @@ class PyslurmClient:
 
     def partition_nodes(self, partition: str | None) -> list[str]:
         return [str(n) for n in self._request("partition_nodes", partition)]
+
+    def default_partition(self) -> str | None:
+        found = self._request("default_partition")
+        return str(found) if found else None
 
     def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
         # pyslurm's Node has an address but not the slurmd port: the command-line tools say both.

@@ -22,7 +22,7 @@ from ..events import Kind
 from ..interfaces import NewEvent, Store
 from ..model import AttemptState
 from ..spec import JobSpec, spec_of
-from .config import PoolTable, SparesConfig
+from .config import PREFIX, PoolTable, SparesConfig
 from .pool import (
     NO_HOLD,
     Placement,
@@ -40,6 +40,9 @@ from .pool import (
 )
 
 log = structlog.get_logger(__name__)
+
+#: How long the cluster's default partition, once asked, is taken as known.
+DEFAULT_PARTITION_TTL_S = 300.0
 
 
 def daemon_user() -> str:
@@ -60,9 +63,11 @@ def pool_user(cfg: SparesConfig) -> str:
                           "to name the reservation's Users=; set [spares] user") from None
 
 
-def waiting_runs(store: Store) -> list[Waiting]:
+def waiting_runs(store: Store, default_partition: Callable[[], str | None] = lambda: None) -> list[Waiting]:
     """The daemon's runs that are not over, as the pools see them (:class:`Waiting`): the
-    reservation is read from the latest attempt's events only while it has not started."""
+    reservation is read from the latest attempt's events only while it has not started.
+    A spec that names no partition runs in the cluster's default one: ``default_partition``
+    (asked only if such a run exists)."""
     found: list[Waiting] = []
     runs = [r for r in store.list_runs() if not r.state.is_terminal]
     by_run = store.attempts_of([r.id for r in runs]) if runs else {}
@@ -79,7 +84,8 @@ def waiting_runs(store: Store) -> list[Waiting]:
                 (e.kind, e.data) for e in store.events(
                     run_id=run.id, kinds=[Kind.ATTEMPT_INTENT, Kind.SPARES_USED])
                 if e.attempt_id == latest.id)
-        found.append(Waiting(run.state, latest.state if latest else None, spec.partition, resv,
+        found.append(Waiting(run.state, latest.state if latest else None,
+                             spec.partition or default_partition(), resv,
                              spec.nodes + spec.spare_nodes, latest.id if latest else None))
     return found
 
@@ -99,6 +105,15 @@ class SparePools:
         self._user_name = user if user is not None else pool_user(config())
         self._last: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
         self._next_at = 0.0
+        # Pools of an earlier config (a reload dropped them, or [spares] was turned off):
+        # their reservations are deleted at the next upkeeps, until Slurm lets us.
+        self._known: set[str] = {p.partition for p in config().pools}
+        self._retiring: set[str] = set()
+        # The first upkeep of the daemon's life also looks for pools an earlier config left
+        # (``b300-spares-*`` of a partition the config has no pool for) and retires them:
+        # one ``scontrol show reservation``, then none while no pool is configured.
+        self._swept = False
+        self._default: tuple[float, str | None] | None = None   # (asked at, name)
 
     # -- reads ------------------------------------------------------------
 
@@ -106,14 +121,30 @@ class SparePools:
         return {r.name: r for r in parse_reservations(self._slurm.reservation_list())}
 
     def _user(self, cfg: SparesConfig) -> str:
+        if not cfg.user and not self._user_name:
+            self._user_name = pool_user(cfg)   # [spares] turned on by a reload
         return cfg.user or self._user_name
+
+    def _default_partition(self) -> str | None:
+        """The cluster's default partition (a spec without ``partition`` runs there), asked
+        again after :data:`DEFAULT_PARTITION_TTL_S` (an ``scontrol reconfigure`` may move it)."""
+        now = self._clock().timestamp()
+        if self._default is None or now - self._default[0] > DEFAULT_PARTITION_TTL_S:
+            self._default = (now, self._slurm.default_partition())
+        return self._default[1]
+
+    def _waiting(self) -> list[Waiting]:
+        return waiting_runs(self._store, self._default_partition)
 
     # -- refill -----------------------------------------------------------
 
     def upkeep(self, *, force: bool = False) -> list[PoolPlan]:
         """Refill every pool if ``refill_interval_s`` passed (or ``force``); the plans made."""
         cfg = self._config()
-        if not cfg.pools:
+        current = {p.partition for p in cfg.pools}
+        self._retiring = (self._retiring | (self._known - current)) - current
+        self._known = current
+        if not cfg.pools and not self._retiring and self._swept:
             return []
         now = self._clock().timestamp()
         if not force and now < self._next_at:
@@ -121,13 +152,24 @@ class SparePools:
         self._next_at = now + cfg.refill_interval_s
         try:
             reservations = self._reservations()
+        except SlurmError as exc:
+            log.warning("spares.unknown", error=str(exc))
+            self._swept = self._swept or not exc.transient   # e.g. pyslurm without the CLI
+            return []
+        if not self._swept:
+            self._swept = True
+            self._retiring |= {n[len(PREFIX):] for n in reservations if n.startswith(PREFIX)} - current
+        self._retire(reservations)
+        if not cfg.pools:
+            return []
+        try:
             states = node_states(self._slurm.nodes())
         except SlurmError as exc:
             log.warning("spares.unknown", error=str(exc))
             return []
         avoid = set(self._avoid())
         try:
-            waiting = waiting_runs(self._store)
+            waiting = self._waiting()
         except B300Error as exc:
             log.warning("spares.runs_unknown", error=str(exc))
             return []
@@ -135,10 +177,32 @@ class SparePools:
         for pool in cfg.pools:
             try:
                 plans.append(self._refill(cfg, pool, reservations, states, avoid, waiting))
-            except SlurmError as exc:
+            except B300Error as exc:   # Slurm's refusal or outage; a user no passwd names
                 log.warning("spares.refill_failed", partition=pool.partition, error=str(exc))
                 self._record(pool, reservations.get(pool.reservation), None, error=str(exc)[:300])
         return plans
+
+    def _retire(self, reservations: dict[str, Reservation]) -> None:
+        """Delete the reservation of each pool the config no longer has (its nodes go back
+        to the partition). Slurm refuses while a job of the daemon runs in it: it is tried
+        again every interval until that job ends; a job pending in it goes to the queue
+        (NO_HOLD_JOBS_AFTER_END)."""
+        for partition in sorted(self._retiring):
+            name = f"{PREFIX}{partition}"
+            gone = name not in reservations
+            if not gone:
+                try:
+                    self._slurm.delete_reservation(name)
+                    gone = True
+                except SlurmError as exc:
+                    log.info("spares.retire_refused", partition=partition, why=str(exc)[:200])
+            if gone:
+                self._retiring.discard(partition)
+                self._last.pop(partition, None)
+                log.info("spares.retired", partition=partition, reservation=name)
+                self._store.append_events([NewEvent(Kind.SPARES_POOL, actor="spares", data={
+                    "partition": partition, "reservation": name, "wanted": 0, "nodes": [],
+                    "idle": [], "retired": True})], self._clock())
 
     def _refill(self, cfg: SparesConfig, pool: PoolTable, reservations: dict[str, Reservation],
                 states: dict[str, str], avoid: set[str], waiting: list[Waiting]) -> PoolPlan:
@@ -211,13 +275,16 @@ class SparePools:
         placed there that have not started (read from the store: two runs recovered in one
         cycle do not get the same nodes), else None (a plain resubmission). ``ignore``:
         attempt ids not counted as promised (the attempt asking again)."""
-        pool = self._config().pool_for(spec.partition)
-        if pool is None:
+        cfg = self._config()
+        if not cfg.pools:
             return None
         try:
+            pool = cfg.pool_for(spec.partition or self._default_partition())
+            if pool is None:
+                return None
             mine = self._reservations().get(pool.reservation)
             states = node_states(self._slurm.nodes())
-            owed = promised(waiting_runs(self._store), pool.reservation, ignore=ignore)
+            owed = promised(self._waiting(), pool.reservation, ignore=ignore)
         except B300Error as exc:
             log.warning("spares.placement_unknown", error=str(exc))
             return None

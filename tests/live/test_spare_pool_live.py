@@ -301,3 +301,61 @@ def test_a_deferred_pooled_intent_is_placed_again_only_if_the_pool_still_fits(
                                            f"--jobs={','.join(map(str, jobs))}").strip(),
                      60, "the test's jobs to end (the pool is then deleted)")
         store.close()
+
+
+def test_spares_follow_a_reload_and_a_spec_without_partition_uses_the_default_pool(
+        tmp_path: Path, slurm_conf: str) -> None:
+    """``[spares]`` is live: a pool a reload adds is made at the next upkeep, one it drops
+    has its reservation deleted (and leaves ``b300ctl nodes`` and the metric). A spec that
+    names no partition runs in the cluster's default one (``batch`` here): it is placed in
+    that partition's pool. Real Slurm and a real store."""
+    from datetime import UTC
+
+    from b300.cli.nodes import spare_pools
+    from b300.events import Kind
+    from b300.plugin_registry import PluginRegistry
+    from b300.slurm import make_slurm_client
+    from b300.spares.config import load_spares_config
+    from b300.spares.watch import SparePools
+    from b300.spec import parse_spec
+    from b300.store import open_store
+
+    conf = slurm_conf
+    slurm = make_slurm_client("cli", slurm_conf=conf, bin_dir=None, timeout=30.0,
+                              plugins=PluginRegistry())
+    assert slurm.default_partition() == "batch"
+    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    now = datetime.now(UTC)
+    off = load_spares_config({})
+    on = load_spares_config({"enabled": True, "refill_interval_s": 1.0,
+                             "pool": [{"partition": "batch", "nodes": 1}]})
+    current = [off]
+    pools = SparePools(store, slurm, lambda: now, lambda: current[0], user="")
+    spec = parse_spec("\n".join(['name = "nopart"', "[job]", 'command = "sleep 300"', "nodes = 1",
+                                 "ntasks_per_node = 1"]) + "\n", where="spec")
+    try:
+        assert pools.upkeep(force=True) == [] and _pool_nodes(conf) == []
+        assert pools.placement(spec, ()) is None
+        current[0] = on                                    # a reload turns the pool on
+        [plan] = pools.upkeep(force=True)
+        assert len(plan.idle) == 1 and _pool_nodes(conf) == list(plan.idle)
+        placed = pools.placement(spec, ())                 # no partition: the default's pool
+        assert placed is not None and placed.reservation == POOL and placed.partition == "batch"
+        assert [p["reservation"] for p in spare_pools(store.events(kinds=[Kind.SPARES_POOL]))] == [POOL]
+        current[0] = off                                   # a reload turns it off again
+        assert pools.upkeep(force=True) == []
+        assert _pool_nodes(conf) == [], "the dropped pool's reservation is deleted"
+        last = store.events(kinds=[Kind.SPARES_POOL])[-1].data
+        assert last["retired"] is True and last["nodes"] == []
+        assert spare_pools(store.events(kinds=[Kind.SPARES_POOL])) == []
+        assert pools.upkeep(force=True) == []              # nothing left to retire: no call
+        # A pool left by an earlier config is deleted by a daemon started without it.
+        current[0] = on
+        pools.upkeep(force=True)
+        assert len(_pool_nodes(conf)) == 1
+        current[0] = off
+        restarted = SparePools(store, slurm, lambda: now, lambda: current[0], user="")
+        assert restarted.upkeep(force=True) == [] and _pool_nodes(conf) == []
+    finally:
+        subprocess_quiet(conf, "scontrol", "delete", f"ReservationName={POOL}")
+        store.close()

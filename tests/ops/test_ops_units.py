@@ -41,11 +41,13 @@ def test_bad_ops_sections_are_one_line_errors(tmp_path: Path, extra: str, messag
 
 def test_reload_applies_live_fields_and_reports_the_rest(tmp_path: Path) -> None:
     old = load_config(str(_cfg(tmp_path, daemon='poll_interval = "15s"\n')))
-    new = load_config(str(_cfg(tmp_path, '[recovery]\nsettle = "2m"\n[metrics]\nlisten = "127.0.0.1:9300"\n',
+    new = load_config(str(_cfg(tmp_path, '[recovery]\nsettle = "2m"\n[metrics]\nlisten = "127.0.0.1:9300"\n'
+                               '[spares]\nenabled = true\n[[spares.pool]]\npartition = "batch"\nnodes = 1\n',
                                daemon='poll_interval = "30s"\nlog_level = "debug"\n'
                                       'database_url = "sqlite:////tmp/other.db"\n')))
     change = plan_reload(old, new)
-    assert set(change.applied) == {"poll_interval_s", "log_level", "recovery"}
+    assert set(change.applied) == {"poll_interval_s", "log_level", "recovery", "spares"}
+    assert [p.partition for p in change.config.spares.pools] == ["batch"]
     assert set(change.needs_restart) == {"database_url", "metrics"}
     assert change.config.poll_interval_s == 30 and change.config.recovery.settle_s == 120
     assert change.config.database_url == old.database_url and change.config.metrics == old.metrics

@@ -135,6 +135,9 @@ def test_partition_nodes_read_only_members_Partition_has(
     assert client.partition_nodes("small") == ["gpu03"]
     with pytest.raises(SlurmError):
         client.partition_nodes("nope")
+    assert client.default_partition() == "batch"
+    boundary.set(partitions=[{"name": "small", "nodes": "gpu03", "is_default": False}])
+    assert client.default_partition() is None
 
 
 def test_auto_compares_the_controller_release_with_pyslurm_s(tmp_path: Path) -> None:

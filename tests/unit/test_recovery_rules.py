@@ -16,7 +16,7 @@ from b300.recovery.classify import (
     own_exception_lines,
 )
 from b300.recovery.exclusions import Exclusion, exclusions_of, plan_exclusions
-from b300.slurm.parse import parse_partition_nodes
+from b300.slurm.parse import parse_default_partition, parse_partition_nodes
 from b300.spec import parse_spec
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -77,6 +77,8 @@ def test_partition_nodes_from_sinfo() -> None:
     assert parse_partition_nodes(out, None) == ["gpu01", "gpu02"]
     assert parse_partition_nodes(out, "small") == ["gpu01", "gpu03"]
     assert parse_partition_nodes(out, "nope") == []
+    assert parse_default_partition("small\nbatch*\n") == "batch"
+    assert parse_default_partition("small\n*\n\n") is None
 
 
 SPEC = parse_spec('name = "x"\n[job]\ncommand = "true"\nnodes = 2\n', where="spec")
