@@ -9,9 +9,11 @@ import structlog
 from ..checkpoints.advice import run_schedule
 from ..checkpoints.schedule import HISTORY
 from ..errors import B300Error
+from ..events import Kind
 from ..interfaces import Store
 from ..spec import parse_spec
 from .compute import RunInput, WeeklyReport, Window, weekly_report
+from .spares import SpareRun, spare_figures
 
 log = structlog.get_logger(__name__)
 # Events this long before the window still explain attempts inside it (classified, progress).
@@ -25,6 +27,7 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
     ckpt_store = store.checkpoints
     history = store.attempts_since(now - HISTORY)
     inputs: list[RunInput] = []
+    spare_runs: list[SpareRun] = []
     for run in store.list_runs():
         attempts = store.attempts(run.id)
         if not attempts or run.created_at >= window.until:
@@ -55,4 +58,10 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
         inputs.append(RunInput(run, attempts, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
                                checkpoint_interval_s=interval, checkpoints=ckpts, young_daly=advice,
                                start_steps=starts))
-    return weekly_report(inputs, events, window, now, drift_open=len(store.drift.open_findings()))
+        spare_runs.append(SpareRun(spec.partition, spec.gpus_per_node, spec.spare_nodes, attempts))
+    # Every spares.pool event there is (one per change of a pool: few): the one before the
+    # window says what a pool held when the window began, however old it is.
+    pool_events = store.events(kinds=[Kind.SPARES_POOL])
+    spares = spare_figures(spare_runs, events, pool_events, window.since, min(window.until, now))
+    return weekly_report(inputs, events, window, now, drift_open=len(store.drift.open_findings()),
+                         spares=spares)

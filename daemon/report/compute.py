@@ -32,6 +32,7 @@ from ..checkpoints.schedule import YoungDaly
 from ..events import DRAINS, RETURNS, Kind
 from ..model import Attempt, Event, Run
 from ..training.stats import median
+from .spares import SpareFigures
 
 CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
           "other infrastructure")
@@ -222,6 +223,7 @@ class WeeklyReport:
     drills: tuple[DrillRow, ...] = field(default=())
     training: tuple[TrainingRunFigures, ...] = ()
     training_findings: tuple[TrainingFindingRow, ...] = ()
+    spares: SpareFigures | None = None    # None: no pool held, no run with spare nodes
 
     @property
     def ettr(self) -> float | None:
@@ -454,6 +456,7 @@ def weekly_report(
     *,
     drift_open: int | None = None,
     checkpoints_available: bool = True,
+    spares: SpareFigures | None = None,
 ) -> WeeklyReport:
     """The report for ``window`` from the runs (with their attempts) and the events in it."""
     figures: list[RunFigures] = []
@@ -501,7 +504,7 @@ def weekly_report(
         drift_open=drift_open, checkpoints=tuple(ckpt) if checkpoints_available else None,
         jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes), drills=drill_rows(events, window),
         training=tuple(training_figures(f, events, window) for f in sorted(figures, key=lambda r: r.run_id)),
-        training_findings=training_findings(events, window))
+        training_findings=training_findings(events, window), spares=spares)
 
 
 def week_key(window: Window) -> str:

@@ -103,6 +103,24 @@ def finding_rows(report: WeeklyReport) -> list[list[str]]:
     return rows
 
 
+def spare_lines(report: WeeklyReport) -> list[str]:
+    """The spares' cost beside the time they saved (README "Sizing spares")."""
+    sp = report.spares
+    if sp is None:
+        return []
+    gpu, total = _gpu_hours(sp.pool_gpu_hours), _gpu_hours(sp.cost_gpu_hours)
+    lines = [f"Pool {part}: {nh:.1f} idle node-hours" for part, nh in sp.pool_node_hours.items()]
+    lines += [
+        f"Cost in idle GPU-hours: {total} (pools {gpu}, inside allocations "
+        f"{sp.in_allocation_gpu_hours:.1f})",
+        f"Used: {sp.pool_recoveries} resubmission(s) started in a pool, {sp.relaunches} "
+        "in-allocation relaunch(es)",
+        f"Saved (queue wait avoided, estimate): {hours(sp.saved_s)} h; baseline: median wait of "
+        f"the daemon's plain-queue jobs {hours(sp.baseline_queue_s)} h",
+    ]
+    return lines + [f"Note: {n}" for n in sp.notes]
+
+
 def title(report: WeeklyReport) -> str:
     w = report.window
     return f"b300 weekly report {w.since:%Y-%m-%d} to {w.until:%Y-%m-%d}"
@@ -118,7 +136,13 @@ def summary_lines(report: WeeklyReport) -> list[str]:
         f"Drift findings opened: {sum(report.drift_findings.values())}"
         + ("" if report.drift_open is None else f", open now: {report.drift_open}"),
         f"Failure drills: {len(report.drills)}",
-    ]
+    ] + ([] if report.spares is None else [
+        f"Spares: {_gpu_hours(report.spares.cost_gpu_hours)} idle GPU-hours, saved "
+        f"{hours(report.spares.saved_s)} h of queue wait"])
+
+
+def _gpu_hours(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.1f}"
 
 
 def w_text(report: WeeklyReport) -> str:
@@ -146,6 +170,9 @@ def render_text(report: WeeklyReport) -> str:
     out += [f"  {p}: {n}" for p, n in sorted(report.drift_findings.items())] or ["  none"]
     out += ["", "Failure drills (b300ctl drill; seconds from the node pulled)"]
     out += [_table(drill_rows(report)) if report.drills else "  none"]
+    if report.spares is not None:
+        out += ["", "Spare capacity: cost and time saved"]
+        out += [f"  {line}" for line in spare_lines(report)]
     out += ["", "Checkpoints (running runs)"]
     if report.checkpoints is None:
         out.append("  not available")
@@ -235,6 +262,10 @@ def render_html(report: WeeklyReport, pngs: dict[str, bytes], image_src: ImageSr
                  if report.drift_findings else "<p>none</p>")
     parts.append("<h2 style=\"font-size:16px\">Failure drills</h2>")
     parts.append(_html_table(drill_rows(report)) if report.drills else "<p>none</p>")
+    if report.spares is not None:
+        parts.append("<h2 style=\"font-size:16px\">Spare capacity: cost and time saved</h2><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in spare_lines(report)]
+        parts.append("</ul>")
     parts.append("<h2 style=\"font-size:16px\">Checkpoints (running runs)</h2>")
     if report.checkpoints is None:
         parts.append("<p>not available</p>")
