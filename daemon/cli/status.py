@@ -132,6 +132,10 @@ def _print_one(ctx: Context, view: dict[str, Any]) -> int:
     if exclusions:
         print(f"\nexcluded nodes (attempt {attempts[-1]['number']}):")
         print_table([[x["node"], x["cause"], x["detail"], x["now"]] for x in exclusions], indent="  ")
+    relaunches = _relaunch_rows(attempts, events)
+    if len(relaunches) > 1:
+        print("\nstep relaunches in the same job (spare_nodes):")
+        print_table(relaunches, indent="  ")
     print("\nevents:")
     from ..events import Kind
 
@@ -141,6 +145,28 @@ def _print_one(ctx: Context, view: dict[str, Any]) -> int:
     if view["accounting_note"]:
         print(f"\n{view['accounting_note']}")
     return 0
+
+
+def _relaunch_rows(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per in-allocation relaunch (``attempt.step_relaunch``), with the step Slurm
+    started for it (``attempt.step_started`` of the same generation), if any yet."""
+    from ..events import Kind
+
+    number = {a["job_id"]: a["number"] for a in attempts if a["job_id"] is not None}
+    started = {(e["attempt_id"], e["data"].get("generation")): e for e in events
+               if e["kind"] == Kind.ATTEMPT_STEP_STARTED}
+    rows = [["AT", "ATTEMPT", "JOB", "GEN", "CAUSE", "EXCLUDED", "RESUME FROM", "SPARES LEFT", "STEP STARTED"]]
+    for e in events:
+        if e["kind"] != Kind.ATTEMPT_STEP_RELAUNCH:
+            continue
+        d = e["data"]
+        step = started.get((e["attempt_id"], d.get("generation")))
+        rows.append([when(e["ts"]), str(number.get(d.get("job_id"), "?")), str(d.get("job_id", "-")),
+                     str(d.get("generation", "-")), str(d.get("cause") or "node lost"),
+                     node_list(d.get("exclude") or []), str(d.get("resume_from") or "-"),
+                     str(d.get("spares_left", "-")),
+                     f"{when(step['ts'])} step {step['data'].get('step_id', '?')}" if step else "not yet"])
+    return rows
 
 
 COMMANDS = (

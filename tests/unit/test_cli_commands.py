@@ -114,3 +114,39 @@ def test_the_old_module_name_is_the_same_program(cfg: Path) -> None:
                          capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(new.stdout)["run"]["id"] == "q-1"
     assert json.loads(old.stdout) == json.loads(new.stdout)
+
+
+def test_status_shows_each_in_allocation_relaunch_and_its_step(tmp_path: Path) -> None:
+    """`b300ctl status RUN` of a spare_nodes run: one row per relaunch in the same job
+    (generation, exclusions, checkpoint, spares left) with the step Slurm started for it."""
+    from b300.events import Kind
+    from b300.interfaces import NewEvent
+
+    state = tmp_path / "state"
+    state.mkdir()
+    now = datetime.now(UTC)
+    with open_store(f"sqlite:///{state / 'state.db'}") as store:
+        spec = 'name = "s"\n[job]\ncommand = "python train.py"\nnodes = 2\nspare_nodes = 2\n'
+        store.create_run("s-1", "s", spec, now)
+        a = store.begin_attempt("s-1", now)
+        store.confirm_attempt(a.id, 777, now)
+        for gen, node, step in ((1, "gpu02", 1), (2, "gpu04", None)):
+            store.append_events([NewEvent(Kind.ATTEMPT_STEP_RELAUNCH, run_id="s-1", attempt_id=a.id,
+                                          actor="recovery", data={
+                                              "job_id": 777, "generation": gen, "exclude": [node],
+                                              "resume_from": f"/ckpt/step_{gen * 10}",
+                                              "spares_left": 2 - gen, "cause": "node lost"})], now)
+            if step is not None:
+                store.append_events([NewEvent(Kind.ATTEMPT_STEP_STARTED, run_id="s-1", attempt_id=a.id,
+                                              data={"job_id": 777, "generation": gen, "step_id": step,
+                                                    "nodes": ["gpu01", "gpu03"], "exclude": [node]})], now)
+    cfg = tmp_path / "b300.toml"
+    cfg.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n")
+    out = subprocess.run([sys.executable, "-m", "b300.cli", "--config", str(cfg), "status", "s-1"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    section = out.split("step relaunches in the same job (spare_nodes):", 1)[1].split("events:", 1)[0]
+    rows = [line.split() for line in section.strip().splitlines()]
+    assert rows[0][:4] == ["AT", "ATTEMPT", "JOB", "GEN"]
+    assert [r[2:5] for r in rows[1:]] == [["1", "777", "1"], ["1", "777", "2"]]   # AT is 2 words
+    assert "gpu02" in rows[1] and "/ckpt/step_10" in rows[1] and rows[1][-2:] == ["step", "1"]
+    assert "gpu04" in rows[2] and rows[2][-2:] == ["not", "yet"]
