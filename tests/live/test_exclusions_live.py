@@ -82,9 +82,13 @@ def test_a_run_outlives_more_node_failures_than_it_has_spare_nodes(
         assert a4["excluded_nodes"] == [] and a4["state"] == "PENDING", a4
         trimmed = [e for e in d.run(run_id)["events"] if e["kind"] == "exclusions.trimmed"]
         assert {x["node"] for x in trimmed[-1]["data"]["dropped"]} == {v2, v3}
-        wait_for(lambda: _attempts(d, run_id)[-1]["reason"], 30, "the pending reason recorded")
+        before = wait_for(lambda: _attempts(d, run_id)[-1]["reason"], 30, "the pending reason recorded")
         text = d.ctl_raw("status", run_id).stdout
-        assert "PENDING" in text and _attempts(d, run_id)[-1]["reason"] in text
+        # Slurm may change the reason between two reads (under load seen: from one pass's
+        # reason to "Nodes required for job are DOWN, DRAINED or reserved ..."): the text
+        # shows the one recorded before or after it.
+        after = _attempts(d, run_id)[-1]["reason"]
+        assert "PENDING" in text and (before in text or after in text), (before, after, text)
         _back(slurm_conf, v2)
         # The run trains again: three failures with one spare node, none of them fatal.
         status = d.wait_run(run_id, {"RUNNING"}, timeout=180)
