@@ -111,12 +111,14 @@ def bench_b300d(base: Path, conf: str, poll: str) -> dict[str, float]:
         run_id = json.loads(sh(*ctl, "submit", str(spec), timeout=120))["run"]["id"]
         status = lambda: json.loads(sh(*ctl, "status", run_id))  # noqa: E731
         wait(lambda: progress(run_dir).get("step", 0) >= 12, 180, "training")
-        victim = status()["attempts"][0]["nodes"][1]
+        # The daemon learns the nodes at its next poll (10 s): training may be there first.
+        victim = wait(lambda: status()["attempts"][0]["nodes"], 60, "the attempt's nodes")[1]
         t0 = time.time()
         sh("bash", str(CLUSTER), "kill-node", victim)
         wait(lambda: progress(run_dir).get("attempt") == 2, 400, "attempt 2 training", 0.05)
         t_train = time.time()
-        st = status()
+        # As the nodes: attempt 2's start is recorded at the daemon's next poll.
+        st = wait(lambda: (x := status())["attempts"][1].get("start") and x, 60, "attempt 2's start")
         ev = {e["kind"]: datetime.fromisoformat(e["ts"]).timestamp() for e in st["events"]
               if e["kind"] in ("attempt.classified", "node.drained")}
         submitted = [datetime.fromisoformat(e["ts"]).timestamp() for e in st["events"]
