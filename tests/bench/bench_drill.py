@@ -47,7 +47,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "drift"))
 import drift_nodes as dn  # noqa: E402
-from benchlib import CLUSTER, TRAIN, cluster_conf, progress, restore, sh, slurmd_timeout, wait  # noqa: E402
+from benchlib import (  # noqa: E402
+    CLUSTER,
+    TRAIN,
+    cluster_conf,
+    progress,
+    restore,
+    sh,
+    slurm_has_down,
+    slurmd_timeout,
+    wait,
+)
 
 NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
 FIGURES = ("detect_s", "excluded_s", "resubmit_s", "allocation_s", "training_s", "steps_lost")
@@ -156,14 +166,8 @@ def one_requeue(base: Path, sim: dn.Sim, n: int) -> dict[str, Any]:
             p = progress(run_dir)
             if p.get("attempt", 1) == 1:
                 last_step = max(last_step, int(p.get("step", 0)))
-            if "detect_s" not in marks:
-                # The state alone can miss it: DOWN and the requeue come in the same
-                # millisecond, and the node may show as completing right after; the reason
-                # ("Not responding") stays until the node is resumed.
-                st, _, reason = sh("sinfo", "-h", "-N", f"--nodes={victim}", "-o", "%T|%E",
-                                   check=False).strip().partition("|")
-                if any(w in st for w in ("down", "fail", "drain")) or reason.strip() not in ("", "none"):
-                    marks["detect_s"] = marks["excluded_s"] = now - t0
+            if "detect_s" not in marks and slurm_has_down(victim):
+                marks["detect_s"] = marks["excluded_s"] = now - t0
             state = sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
             if "resubmit_s" not in marks and ("PENDING" in state or "REQUEUE" in state):
                 marks["resubmit_s"] = now - t0

@@ -73,6 +73,15 @@ def node_down_at(node: str) -> float | None:
         return None
 
 
+def slurm_has_down(node: str) -> bool:
+    """Slurm shows ``node`` down, failed or drained, or with a reason set. The state alone
+    can miss it: DOWN and a requeue come in the same millisecond, and the node may show as
+    completing right after; the reason ("Not responding") stays until the node is resumed."""
+    out = sh("sinfo", "-h", "-N", f"--nodes={node}", "-o", "%T|%E", check=False)
+    st, _, reason = out.strip().partition("|")
+    return any(w in st for w in ("down", "fail", "drain")) or reason.strip() not in ("", "none")
+
+
 def node_state(node: str) -> str:
     return sh("sinfo", "-h", "-N", f"--nodes={node}", "-o", "%T", check=False).strip()
 
@@ -83,3 +92,68 @@ def restore(node: str, timeout: float = 60) -> None:
     sh("bash", str(CLUSTER), "restart-node", node, check=False)
     sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
     wait(lambda: any(s in node_state(node) for s in ("idle", "mix")), timeout, f"{node} idle", 0.5)
+
+
+OTHER_USER = "nobody"
+
+
+def other_user(*args: str) -> str:
+    """``sbatch`` as another user (the cluster's other tenant: tests/live/test_spares_live.py),
+    ``--exclusive``; the job id."""
+    env = {"SLURM_CONF": os.environ["SLURM_CONF"], "PATH": os.environ["PATH"]}
+    out = subprocess.run(["runuser", "-u", OTHER_USER, "--", "sbatch", "--parsable", "--output=/dev/null",
+                          "--exclusive", *args], capture_output=True, text=True, timeout=60, check=True,
+                         env=env, cwd="/tmp")
+    return out.stdout.strip().split(";")[0]
+
+
+def all_nodes() -> list[str]:
+    return sorted(set(sh("sinfo", "--noheader", "--Node", "--format=%N").split()))
+
+
+def job_state(job: str) -> str:
+    """squeue's state of ``job`` ("" once it left the queue)."""
+    return sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
+
+
+class Busy:
+    """Another user's jobs: one running on ``nodes`` (every node the bench does not use)
+    and one more waiting for 2 nodes, so the queue is not empty. Both end when
+    :meth:`release` cancels them (the bench does so a fixed time after its crash)."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.jobs: list[str] = []
+        if nodes:
+            self.jobs.append(other_user(f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}",
+                                        "--time=30", "--wrap", "sleep 1800"))
+            wait(lambda: job_state(self.jobs[0]) == "RUNNING", 60, "the other user's job")
+        self.jobs.append(other_user("--nodes=2", "--time=30", "--wrap", "sleep 1800"))
+        self.released: float | None = None
+
+    def states(self) -> list[str]:
+        return [job_state(j) for j in self.jobs]
+
+    def release(self) -> None:
+        if self.released is None:
+            sh("scancel", *self.jobs, check=False)
+            self.released = time.time()
+
+
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    """The workload's ``history.jsonl``: one line per attempt/generation that started training."""
+    try:
+        lines = (run_dir / "history.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(dict(json.loads(line)))
+        except ValueError:
+            continue
+    return out
+
+
+def queue_empty(timeout: float = 120) -> None:
+    """Wait (bounded) until no job is left in the queue (pending, running or completing)."""
+    wait(lambda: not sh("squeue", "-h", "-o", "%i", check=False).strip(), timeout, "an empty queue", 0.5)
