@@ -40,6 +40,7 @@ from .health import CycleSnapshot
 from .interfaces import Store
 from .model import Run, RunState
 from .report.compute import RunInput, checkpoint_figures
+from .spares.pool import latest_pools
 from .spec import JobSpec, parse_spec
 
 if TYPE_CHECKING:
@@ -261,12 +262,8 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
             if kind in finding_kinds:
                 key = (run_id or "", kind.removeprefix("training."))
                 findings[key] = findings.get(key, 0) + n
-        pools: dict[str, int] = {}
-        for e in store.events(kinds=[Kind.SPARES_POOL]):   # one per change; the latest per partition wins
-            if e.data.get("retired"):
-                pools.pop(str(e.data.get("partition")), None)
-            else:
-                pools[str(e.data.get("partition"))] = len(e.data.get("idle") or [])
+        pools = {str(e.data.get("partition")): len(e.data.get("idle") or [])
+                 for e in latest_pools(store.events(kinds=[Kind.SPARES_POOL]))}
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}

@@ -65,13 +65,9 @@ def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 def spare_pools(events: list[Event]) -> list[dict[str, Any]]:
     """The daemon's spare pools as last recorded (one ``spares.pool`` event per change)."""
-    last: dict[str, dict[str, Any]] = {}
-    for e in events:
-        if e.data.get("retired"):   # the config dropped it and its reservation is deleted
-            last.pop(str(e.data.get("reservation")), None)
-            continue
-        last[str(e.data.get("reservation"))] = {**e.data, "ts": e.ts.isoformat()}
-    return [last[k] for k in sorted(last)]
+    from ..spares.pool import latest_pools
+
+    return [{**e.data, "ts": e.ts.isoformat()} for e in latest_pools(events)]
 
 
 def _print_pools(pools: list[dict[str, Any]]) -> None:

@@ -26,6 +26,11 @@ from ..config.types import GROUP, NAME, Table, matches
 PREFIX = "b300-spares-"
 
 
+def reservation_name(partition: str) -> str:
+    """The reservation that is the pool of ``partition``."""
+    return f"{PREFIX}{partition}"
+
+
 class PoolTable(Table):
     """One partition's pool."""
 
@@ -35,7 +40,7 @@ class PoolTable(Table):
 
     @property
     def reservation(self) -> str:
-        return f"{PREFIX}{self.partition}"
+        return reservation_name(self.partition)
 
 
 class SparesConfig(Table):

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..events import Kind
-from ..model import AttemptState, NodeObservation, RunState
+from ..model import AttemptState, Event, NodeObservation, RunState
 from ..slurm.parse import expand_nodes
 
 #: sinfo's states (upper case, suffix flags stripped) of a node that runs nothing.
@@ -65,6 +65,20 @@ def parse_reservations(stdout: str) -> list[Reservation]:
                                  partition=fields.get("PartitionName", ""),
                                  flags=fields.get("Flags", ""), state=fields.get("State", "")))
     return found
+
+
+def latest_pools(records: Iterable[Event]) -> list[Event]:
+    """Each pool's latest ``spares.pool`` record (one is written per change), in reservation
+    order; a pool whose latest record is ``retired`` (the config dropped it, its reservation
+    is deleted) is not one any more. ``b300ctl nodes`` and ``/metrics`` read the pools so."""
+    last: dict[str, Event] = {}
+    for e in records:
+        key = str(e.data.get("reservation"))
+        if e.data.get("retired"):
+            last.pop(key, None)
+        else:
+            last[key] = e
+    return [last[k] for k in sorted(last)]
 
 
 def lacks_no_hold(reservation: Reservation) -> bool:

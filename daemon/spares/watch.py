@@ -22,7 +22,7 @@ from ..events import Kind
 from ..interfaces import NewEvent, Store
 from ..model import AttemptState
 from ..spec import JobSpec, spec_of
-from .config import PREFIX, PoolTable, SparesConfig
+from .config import PREFIX, PoolTable, SparesConfig, reservation_name
 from .pool import (
     NO_HOLD,
     Placement,
@@ -188,7 +188,7 @@ class SparePools:
         again every interval until that job ends; a job pending in it goes to the queue
         (NO_HOLD_JOBS_AFTER_END)."""
         for partition in sorted(self._retiring):
-            name = f"{PREFIX}{partition}"
+            name = reservation_name(partition)
             gone = name not in reservations
             if not gone:
                 try:
