@@ -112,6 +112,8 @@ class Kind(enum.StrEnum):
     CONFIG_REFUSED = "config.refused"
     HA_ACQUIRED = "ha.acquired"
     HA_FAILOVER = "ha.failover"
+    # what the daemon would have done, held back by [daemon] mode or [recovery] enabled
+    ACTION_WITHHELD = "action.withheld"
 
 
 _SUBMIT = frozenset({"job_id", "job_name", "exclude"})
@@ -221,6 +223,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.CONFIG_REFUSED: frozenset({"reason"}),
     Kind.HA_ACQUIRED: _LEASE,
     Kind.HA_FAILOVER: _LEASE,
+    Kind.ACTION_WITHHELD: frozenset({"action", "subject", "why", "detail"}),
 }
 
 # -- kinds that readers ask for together ------------------------------------------

@@ -48,7 +48,7 @@ class DriverProbe:
     """The NVIDIA kernel driver version (``nvidia-smi``), e.g. ``580.65.06``."""
 
     name = "driver"
-    default_policy = "drain"
+    default_policy = "warn"
 
     def command(self, settings: Mapping[str, str]) -> str | None:
         return "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
@@ -75,7 +75,7 @@ class GpuCountProbe:
     """How many GPUs the driver sees (a node that lost one is not like the others)."""
 
     name = "gpu_count"
-    default_policy = "drain"
+    default_policy = "warn"
 
     def command(self, settings: Mapping[str, str]) -> str | None:
         return "nvidia-smi --query-gpu=index --format=csv,noheader"
@@ -91,7 +91,7 @@ class CudaDriverProbe:
     """The CUDA version the driver supports (``CUDA Version`` of ``nvidia-smi -q``)."""
 
     name = "cuda_driver"
-    default_policy = "drain"
+    default_policy = "warn"
     _RE = re.compile(r"^\s*CUDA Version\s*:\s*(\d+\.\d+)\s*$", re.MULTILINE)
 
     def command(self, settings: Mapping[str, str]) -> str | None:
@@ -108,7 +108,7 @@ class CudaToolkitProbe:
     """The CUDA toolkit (``nvcc --version``), e.g. ``12.9.86``."""
 
     name = "cuda"
-    default_policy = "drain"
+    default_policy = "warn"
     _RE = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
 
     def command(self, settings: Mapping[str, str]) -> str | None:
@@ -131,7 +131,7 @@ class NcclProbe:
     """
 
     name = "nccl"
-    default_policy = "drain"
+    default_policy = "warn"
     _DIRS = "/usr/local/nccl/lib /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib"
     _FILE = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)")
 
@@ -161,7 +161,7 @@ class ImageProbe:
     """The sha256 of the configured training image file (enroot squashfs or Apptainer SIF)."""
 
     name = "image"
-    default_policy = "drain"
+    default_policy = "warn"
     _RE = re.compile(r"([0-9a-f]{64})\s+\S.*")
 
     def command(self, settings: Mapping[str, str]) -> str | None:
@@ -192,7 +192,7 @@ class OfedProbe:
     """The MLNX_OFED / DOCA-OFED release (``ofed_info -s``), e.g. ``24.10-1.1.4.0``."""
 
     name = "ofed"
-    default_policy = "drain"
+    default_policy = "warn"
     _RE = re.compile(r"(?:MLNX_OFED_LINUX|OFED-internal|OFED|DOCA[\w-]*?)-(\d[\w.-]*?):?")
 
     def command(self, settings: Mapping[str, str]) -> str | None:
@@ -206,7 +206,7 @@ class FabricManagerProbe:
     """The NVIDIA Fabric Manager (``nv-fabricmanager --version``), e.g. ``580.65.06``."""
 
     name = "fabricmanager"
-    default_policy = "drain"
+    default_policy = "warn"
     _RE = re.compile(r"fabric manager version(?: is)?\s*:?\s*(\d+(?:\.\d+){1,3})\s*$",
                      re.IGNORECASE | re.MULTILINE)
 

@@ -174,6 +174,7 @@ def make_daemon(
     state.mkdir(exist_ok=True)
     url = database_url or f"sqlite:///{state}/state.db"
     opts = {
+        "mode": "act",  # the tests drive a daemon that acts (the default, "observe", never does)
         "poll_interval": "0.5s",
         "submit_grace": "3s",
         "log_format": "json",

@@ -7,6 +7,7 @@ another through a global: what a part needs is passed in here.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from ..checkpoints.access import checkpoint_dir_problem
 from ..checkpoints.checkpoint_pass import CheckpointPass
+from ..checkpoints.config import CheckpointsConfig
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config, trigger_program
 from ..cycle.pipeline import PollCycle
@@ -29,6 +31,7 @@ from ..health import CycleHealth
 from ..interfaces import SlurmClient, Store
 from ..lease import DbLease
 from ..logs import configure_logging
+from ..mode import ACT, ActionPolicy, Withheld, action_policy
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
@@ -73,8 +76,14 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     fence = Fence(lease, on_fenced=lifetime.lease_lost)
     if lease is not None:
         slurm = FencedSlurm(slurm, fence)
-    drift = make_drift_watch(config.drift, store, slurm, lock, clock, plugins)
-    recovery_on = config.recovery.enabled
+    # [daemon] mode (b300.mode): in observe mode nothing below acts of its own accord; what
+    # it would have done is logged and recorded as action.withheld events.
+    policy = action_policy(config)
+    withheld = Withheld(store.append_events, policy.why)
+    _log_mode(config, policy)
+    drift = make_drift_watch(config.drift, store, slurm, lock, clock, plugins,
+                             withheld=None if policy.nodes_and_runs else withheld)
+    recovery_on = policy.nodes_and_runs
     recoverer: Recoverer | None = None
 
     def avoid() -> set[str]:
@@ -89,7 +98,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     # passwd entry is a one-line config error at start-up, not a KeyError every refill.
     # [spares] is live (SIGHUP): a pool added by a reload is made at the next upkeep, one
     # dropped has its reservation deleted (b300.spares.watch.SparePools.upkeep).
-    pools_on = bool(config.spares.pools)
+    pools_on = policy.reservations
     spares = SparePools(store, slurm, clock, lambda: current.get().spares, avoid=avoid,
                         user=pool_user(config.spares) if pools_on else "")
     actions = RunActions(store, slurm, clock, submit_grace_s=config.submit_grace_s,
@@ -119,18 +128,19 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                               detect_window_s=_detect_window_s(config), plugins=plugins,
                               training=config.training)
     tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
-                             recovering=recovery_on)
+                             recovering=recovery_on, withheld=withheld)
     # Training health (b300.training.watch): progress read and judged each cycle, whether
     # or not recovery is on (a finding is an event, a metric and an alert); with recovery on,
     # [training] straggler_action = "drain" also drains a straggler (b300.recovery.straggler_drain).
     training = TrainingWatch(store, clock, lambda: current.get().training, state_dir=config.state_dir,
                              output_path=lambda a, s: job_log_path(a, s, current.get().job_log_dir),
                              drainer=StragglerDrainer(store, slurm, clock) if recovery_on else None)
-    hangs = HangWatch(store, slurm, clock, progress=training.progress_step) if recovery_on else None
+    hangs = HangWatch(store, slurm, clock, progress=training.progress_step,
+                      withheld=None if recovery_on else withheld)
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
                       recoverer=recoverer, hangs=hangs, training=training,
-                      spares=spares)
+                      spares=spares if policy.reservations else None)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)
@@ -139,8 +149,10 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                             health=health, accounting=lambda: tracker.accounting,
                             running=lambda: bool(scheduler.running) and not lifetime.stopping(),
                             training=training.figures)
-    upkeep = CheckpointUpkeep(store, store.checkpoints, config.checkpoints, clock, action_lock=lock,
-                              plugins=plugins, stopping=lifetime.stopping, fence=fence.check)
+    upkeep = CheckpointUpkeep(store, store.checkpoints, _checkpoints_for(config, policy), clock,
+                              action_lock=lock, plugins=plugins, stopping=lifetime.stopping,
+                              fence=fence.check,
+                              withheld=lambda *a, **k: withheld(*a, why=_prune_why(config, policy), **k))
     drills = DrillWatch(store, slurm, config=current.get, lock=lock, clock=clock, fence=fence.check,
                         plugins=plugins, wake=wake)
     router = ControlRouter(config=current.get, store=store, slurm=slurm, actions=actions, drift=drift,
@@ -174,7 +186,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         scheduler=scheduler, cycles=cycles,
         checkpoint_pass=CheckpointPass(
             store, store.checkpoints, slurm, clock, plugins=plugins,
-            allow_signals=config.checkpoints.allow_signals,
+            allow_signals=config.checkpoints.allow_signals and policy.signals,
+            signals_held_back="" if config.mode == ACT else policy.why,
             signal_grace_s=config.checkpoints.signal_grace_s,
             manifests_per_pass=config.checkpoints.manifests_per_pass),
         checkpoint_upkeep=upkeep,
@@ -184,6 +197,30 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     daemon = Daemon(parts)
     server_group.append(daemon.set_admin_group)
     return daemon
+
+
+def _log_mode(config: Config, policy: ActionPolicy) -> None:
+    """One start-up line saying whether the daemon will act, and on what."""
+    if config.mode != ACT:
+        log.warning("mode.observe", why=policy.why,
+                    meaning="records, alerts and reports; drains, cancels, signals, resubmits and "
+                            "deletes nothing of its own accord (b300ctl commands are carried out)")
+        return
+    log.info("mode.act", nodes_and_runs=policy.nodes_and_runs, signals=policy.signals,
+             deletes=policy.deletes, reservations=policy.reservations)
+
+
+def _checkpoints_for(config: Config, policy: ActionPolicy) -> CheckpointsConfig:
+    """[checkpoints] as upkeep may act on it: nothing deleted unless the daemon acts."""
+    if policy.deletes:
+        return config.checkpoints
+    return dataclasses.replace(config.checkpoints, prune=False, prune_remote=False)
+
+
+def _prune_why(config: Config, policy: ActionPolicy) -> str:
+    if config.mode != ACT:
+        return policy.why
+    return "[checkpoints] prune = false (plan only)"
 
 
 def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: threading.Lock,

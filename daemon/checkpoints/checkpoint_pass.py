@@ -58,6 +58,7 @@ class CheckpointPass:
         allow_signals: bool = True,
         signal_grace_s: float = 300.0,
         manifests_per_pass: int = 2,
+        signals_held_back: str = "",
     ) -> None:
         self._store = store
         self._plugins = plugins
@@ -65,7 +66,7 @@ class CheckpointPass:
         self._clock = clock
         self._per_pass = manifests_per_pass
         self._watcher = ScheduleEnforcer(slurm, self._layout, allow_signals=allow_signals,
-                                          signal_grace_s=signal_grace_s)
+                                          signal_grace_s=signal_grace_s, held_back=signals_held_back)
         self._restored = False
 
     def _layout(self, name: str) -> CheckpointLayout:

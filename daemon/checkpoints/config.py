@@ -10,7 +10,7 @@
     manifests_per_pass = 2        # checksum manifests made per run per pass
     maintain_interval = "10m"     # replicate, then prune, this often
     prune = false                 # delete local checkpoints by the rules below (else plan only)
-    prune_remote = true           # prune replicas on the targets by the same rules
+    prune_remote = false          # prune replicas on the targets by the same rules (default: as prune)
     keep_last = 3
     keep_hourly_for = "24h"       # "0" turns a rule off
     keep_daily_for = "7d"
@@ -80,7 +80,8 @@ class CheckpointsConfig:
     manifests_per_pass: int = 2
     maintain_interval_s: float = 600.0
     prune: bool = False
-    prune_remote: bool = True
+    #: None: as ``prune`` (nothing is deleted anywhere unless the config asks for it).
+    prune_remote: bool | None = None
     retention: RetentionPolicy = field(default_factory=lambda: RetentionPolicy(
         keep_last=3, hourly_for=timedelta(hours=24), daily_for=timedelta(days=7)))
     replication_concurrency: int = 4
@@ -90,3 +91,8 @@ class CheckpointsConfig:
     #: Folders that hold the runs' checkpoint folders. deploy/install.sh makes them the unit's
     #: ReadWritePaths; when set, a spec whose checkpoint folder is outside them is refused.
     roots: tuple[str, ...] = ()
+
+    @property
+    def prunes_remote(self) -> bool:
+        """Whether replicas on the targets are pruned: ``prune_remote``, else as ``prune``."""
+        return self.prune if self.prune_remote is None else self.prune_remote

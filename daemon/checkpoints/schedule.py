@@ -243,7 +243,8 @@ class _Episode:
 class ScheduleEnforcer:
     """Checks every running run's checkpoint schedule and signals overdue jobs that opted in.
 
-    ``allow_signals`` False never signals anyone (the daemon-wide switch);
+    ``allow_signals`` False never signals anyone (the daemon-wide switch); ``held_back``
+    (observe mode) does the same and says so in the overdue event as a withheld signal;
     ``signal_grace_s`` is how long a signalled job has to checkpoint before the alert.
     """
 
@@ -254,10 +255,13 @@ class ScheduleEnforcer:
         *,
         allow_signals: bool = True,
         signal_grace_s: float = 300.0,
+        held_back: str = "",
     ) -> None:
         self._slurm = slurm
         self._layout_for = layout_for
         self.allow_signals = allow_signals
+        # Why the daemon may not signal at all (observe mode): said in the overdue event.
+        self.held_back = held_back
         self.signal_grace_s = signal_grace_s
         self._episodes: dict[int, _Episode] = {}
 
@@ -333,6 +337,8 @@ class ScheduleEnforcer:
         """Why the job is not signalled ('' = it is)."""
         if spec.checkpoint.signal is None:
             return "the spec does not opt in to a signal ([checkpoint] signal)"
+        if self.held_back:
+            return f"would send {spec.checkpoint.signal}, withheld: {self.held_back}"
         if not self.allow_signals:
             return "signals are off in the daemon's config ([checkpoints] allow_signals = false)"
         died = [a.number for a in attempts if a.outcome == SIGNALLED]

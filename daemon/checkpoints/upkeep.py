@@ -92,7 +92,11 @@ class CheckpointUpkeep:
         plugins: PluginRegistry,
         stopping: Callable[[], bool] = lambda: False,
         fence: Callable[[str], None] = lambda _action: None,
+        withheld: Callable[..., None] | None = None,
     ) -> None:
+        # With prune off (or the daemon observing), the deletes the rules would make are
+        # recorded through ``withheld`` (b300.mode.Withheld) instead.
+        self._withheld = withheld
         # Proves the lease before every delete and copy (b300.fence); raises if it cannot.
         self._fence = fence
         self._store = store
@@ -182,7 +186,12 @@ class CheckpointUpkeep:
                     self._replicate(run.id, found, t.name, target, throttle, budget)
             if self._cfg.prune and not self._stopping():
                 self._prune_local(run, root, found, targets)
-            if self._cfg.prune_remote and not self._stopping():
+            elif self._withheld is not None:
+                now = self._clock()
+                for c in self._plan(run.id, found, self._pending(run.id), self._cfg.retention).delete:
+                    self._withheld("delete", c.path, now, run_id=run.id,
+                                   detail="the retention rules would delete this checkpoint")
+            if self._cfg.prunes_remote and not self._stopping():
                 for name, target in targets.items():
                     if target is not None:
                         self._prune_remote(run, name, target)

@@ -63,7 +63,10 @@ class AttemptTracker:
     """
 
     def __init__(self, store: Store, clock: Clock, *, accounting_grace_s: float = 60.0,
-                 recovering: bool = True) -> None:
+                 recovering: bool = True, withheld: Callable[..., None] | None = None) -> None:
+        # Without recovery (observe mode, [recovery] enabled = false), an attempt that ended
+        # badly is recorded through ``withheld`` as the recovery the daemon did not start.
+        self._withheld = withheld
         self._store = store
         self._clock = clock
         self._grace = accounting_grace_s
@@ -127,6 +130,12 @@ class AttemptTracker:
                 log.info("attempt.changed", run=attempt.run_id, job_id=attempt.slurm_job_id,
                          state=updated.state.value, nodes=",".join(updated.nodes))
             tracked.append(TrackedChange(attempt, updated, change))
+            if (self._withheld is not None and not self._recovering and updated.state.is_terminal
+                    and updated.state not in (AttemptState.COMPLETED, AttemptState.CANCELLED)):
+                self._withheld("resubmit", attempt.run_id, now, run_id=attempt.run_id,
+                               detail=f"attempt {attempt.number} (job {attempt.slurm_job_id}) ended "
+                                      f"{updated.state.value} on {','.join(updated.nodes) or '-'}: "
+                                      "recovery would classify it, drain its bad nodes and resubmit")
         return tracked
 
     def _accounting_failed(self, error_text: str) -> None:

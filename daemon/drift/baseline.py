@@ -115,7 +115,7 @@ def find_differences(
             continue
         for probe, value in sorted(report.values.items()):
             exp = expected.get((report.partition, probe))
-            policy = policies.get(probe, Policy.DRAIN)
+            policy = policies.get(probe, Policy.WARN)
             if value.status is ProbeStatus.UNPARSEABLE:
                 findings.append(Finding(report.node, probe, FindingKind.UNPARSEABLE, exp or "",
                                         value.detail[:_MAX_FOUND], Policy.WARN))

@@ -8,7 +8,7 @@ only for the second. :meth:`DriftScanner.scan` is both.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -55,7 +55,11 @@ class DriftScanner:
         probes: Mapping[str, DriftProbe],
         runner: NodeCommandRunner,
         actor: str = "daemon",
+        withheld: Callable[..., None] | None = None,
     ) -> None:
+        # Set when the daemon may not change nodes (observe mode, [recovery] enabled = false):
+        # findings are recorded and the drains/resumes they call for are withheld.
+        self.withheld = withheld
         self.config = config
         self.store = store
         self.slurm = slurm
@@ -131,6 +135,9 @@ class DriftScanner:
         drained_now: list[str] = []
         failures: list[tuple[str | None, str]] = []
         for node, reason in plan.drain:
+            if self.withheld is not None:
+                self.withheld("drain", node, now, node=node, detail=reason)
+                continue
             if reasons and node not in reasons:
                 # Not a Slurm node (sinfo does not list it): reported, never drained.
                 failures.append((node, f"drain {node}: not a Slurm node (not in sinfo)"))
@@ -147,6 +154,9 @@ class DriftScanner:
             log.warning("drift.drained", node=node, reason=reason)
         resumed: list[str] = []
         for node in released(drained, reports, findings):
+            if node in plan.resume and self.withheld is not None:
+                self.withheld("resume", node, now, node=node, detail="its drift finding cleared")
+                continue
             if node in plan.resume:
                 try:
                     self.slurm.resume_node(node)
@@ -199,14 +209,15 @@ def _merge(old: Mapping[str, Any], reports: Sequence[NodeReport], now: datetime,
 
 
 def build_drift_scanner(config: DriftConfig, store: Store, slurm: SlurmClient,
-                        plugins: PluginRegistry) -> DriftScanner:
-    """The daemon's scanner: the probe plugins of ``plugins``, paramiko, the SQL store."""
+                        plugins: PluginRegistry, withheld: Callable[..., None] | None = None) -> DriftScanner:
+    """The daemon's scanner: the probe plugins of ``plugins``, paramiko, the SQL store;
+    ``withheld`` set: it drains and resumes nothing (see :class:`DriftScanner`)."""
     from .plugins import load_probes
     from .ssh import ParamikoRunner
 
     probes = load_probes(config.probes, plugins)
     return DriftScanner(config, store.drift, slurm, probes=probes,
-                        runner=ParamikoRunner(config.ssh, config.endpoints()))
+                        runner=ParamikoRunner(config.ssh, config.endpoints()), withheld=withheld)
 
 
 def scan_result_to_dict(result: ScanResult) -> dict[str, Any]:

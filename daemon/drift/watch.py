@@ -74,8 +74,10 @@ class DriftWatch:
 
 
 def make_drift_watch(config: DriftConfig | None, store: Store, slurm: SlurmClient, lock: threading.Lock,
-                     clock: Callable[[], datetime], plugins: PluginRegistry) -> DriftWatch | None:
-    """The daemon's drift watch, or None without a ``[drift]`` section."""
+                     clock: Callable[[], datetime], plugins: PluginRegistry,
+                     withheld: Callable[..., None] | None = None) -> DriftWatch | None:
+    """The daemon's drift watch, or None without a ``[drift]`` section; ``withheld`` set:
+    findings are recorded, drains and resumes withheld."""
     if config is None:
         return None
-    return DriftWatch(build_drift_scanner(config, store, slurm, plugins), lock, clock)
+    return DriftWatch(build_drift_scanner(config, store, slurm, plugins, withheld), lock, clock)

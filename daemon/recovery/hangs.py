@@ -83,7 +83,12 @@ class HangWatch:
     """Follows running attempts' progress files; cancels the ones that stopped advancing."""
 
     def __init__(self, store: Store, slurm: SlurmClient, clock: Clock, *,
-                 progress: Callable[[Attempt], str | None] | None = None) -> None:
+                 progress: Callable[[Attempt], str | None] | None = None,
+                 withheld: Callable[..., None] | None = None) -> None:
+        # withheld set (observe mode, recovery off): a hang is recorded once and its cancel
+        # withheld (b300.mode.Withheld); the job is left running.
+        self._withheld = withheld
+        self._held: set[int] = set()
         # progress: the training watch's step of an attempt ('' none yet), None where it does not
         # read the attempt (then the progress file is read here, as a pre-v1 snapshot).
         self._progress_of = progress
@@ -150,11 +155,18 @@ class HangWatch:
         stalled = (now - since).total_seconds()
         if stalled < limit:
             return 0
+        if attempt.id in self._held:
+            return 0
         data = {"job_id": attempt.slurm_job_id, "last_step": step or None,
                 "stalled_s": round(stalled, 1), "progress_file": spec.health.progress_file}
         self._store.append_events([NewEvent(Kind.ATTEMPT_HANG, run_id=attempt.run_id,
                                             attempt_id=attempt.id, data=data)], now)
         log.warning("attempt.hang", **data)
+        if self._withheld is not None:
+            self._held.add(attempt.id)
+            self._withheld("cancel", f"job {attempt.slurm_job_id}", now, run_id=attempt.run_id,
+                           detail=f"no progress for {stalled:.0f} s (hang_timeout)")
+            return 0
         self._slurm.cancel(attempt.slurm_job_id)
         return 1
 

@@ -35,10 +35,12 @@ def drift_config(sim: Sim, nodes: dict[str, int], **extra: Any) -> DriftConfig:
     30 s; the product's defaults are 5 s and 20 s): beside a CPU hog four concurrent SSH
     handshakes took over 2 s and healthy nodes read TIMEOUT. The test of timeouts
     themselves sets its own."""
+    probes = ["driver", "cuda_driver", "gpu_count", "vbios", "cuda", "nccl", "kernel", "ofed", "fabricmanager"]
     table: dict[str, Any] = {
         "known_hosts": str(sim.known_hosts), "key_file": str(sim.key), "connect_timeout": "20s",
-        "command_timeout": "30s", "probes": ["driver", "cuda_driver", "gpu_count", "vbios", "cuda", "nccl",
-                                            "kernel", "ofed", "fabricmanager"],
+        "command_timeout": "30s", "probes": probes,
+        # Every probe drains here (the product's default is warn: a site opts in per probe).
+        "policy": {p: "drain" for p in probes},
         "nodes": {name: {"host": "127.0.0.1", "port": port, "partition": "batch"}
                   for name, port in nodes.items()},
         **extra,

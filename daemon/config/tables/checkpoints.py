@@ -113,7 +113,7 @@ class CheckpointsTable(Table):
     manifests_per_pass: Annotated[int, Field(ge=0, le=1000)] = 2
     maintain_interval: Duration = 600.0
     prune: bool = False
-    prune_remote: bool = True
+    prune_remote: bool | None = None  # not set: as prune
     keep_last: Annotated[int, Field(ge=1, le=100000)] = 3
     keep_hourly_for: Span = timedelta(hours=24)
     keep_daily_for: Span = timedelta(days=7)

@@ -17,8 +17,8 @@
     image = "/lustre/images/train.sqsh"        # training image file (squashfs or SIF)
     nccl_library = ""                          # default: libnccl.so.2 via LD_LIBRARY_PATH
 
-    [drift.policy]                             # drain | warn, per probe
-    kernel = "warn"
+    [drift.policy]                             # drain | warn, per probe; default warn
+    nccl = "drain"                             # (a drain needs [daemon] mode = "act")
 
     [drift.pinned]                             # the golden values; else the partition majority
     nccl = "2.23.4"
