@@ -22,6 +22,7 @@ from b300.drift.plugins import load_probes
 from b300.drift.records import DriftConfig, FindingKind, NodeStatus, Policy
 from b300.drift.scanner import DriftScanner
 from b300.drift.ssh import ParamikoRunner
+from b300.mode import Withheld
 from b300.slurm.cli import CliSlurmClient
 from b300.store import SqlStore, open_store
 from helpers import slurm_cmd
@@ -103,6 +104,31 @@ def test_a_node_with_another_nccl_is_drained_and_returns_when_fixed(
         sim.nodes["good3"].set_nccl("2.23.4")
         subprocess.run(["scontrol", "update", "NodeName=gpu03", "State=RESUME"], capture_output=True,
                        env={"SLURM_CONF": slurm_conf, "PATH": os.environ["PATH"]}, timeout=30, check=False)
+
+
+def test_withheld_drains_leave_the_node_alone_and_are_recorded(
+    sim: Sim, store: SqlStore, slurm_conf: str
+) -> None:
+    """Observe mode (or [recovery] enabled = false): the finding is the same, the drain is
+    withheld, recorded, and made only once in the record however often the scan repeats."""
+    good = {"gpu01": "good1", "gpu02": "good2", "gpu03": "good3", "gpu04": "good4"}
+    cfg = drift_config(sim, {n: sim.port(s) for n, s in good.items()})
+    withheld = Withheld(store.append_events, 'mode = "observe"')
+    sc = DriftScanner(cfg, store.drift, CliSlurmClient(slurm_conf=slurm_conf),
+                      probes=load_probes(cfg.probes), runner=ParamikoRunner(cfg.ssh, cfg.endpoints()),
+                      withheld=withheld)
+    sim.nodes["good3"].set_nccl("2.21.5")
+    try:
+        result = sc.scan(None, T0)
+        assert [(f.node, f.probe, f.policy) for f in result.findings] == [("gpu03", "nccl", Policy.DRAIN)]
+        assert result.drained == ()
+        assert "drain" not in node_info(slurm_conf, "gpu03")[0]
+        sc.scan(None, T0 + timedelta(minutes=5))
+        held = [e for e in store.events() if e.kind == "action.withheld"]
+        assert [(e.node, e.data["action"], e.data["detail"]) for e in held] == [
+            ("gpu03", "drain", "drift: nccl 2.21.5 != 2.23.4")]
+    finally:
+        sim.nodes["good3"].set_nccl("2.23.4")
 
 
 def test_unreachable_hung_and_rekeyed_nodes_are_reported_not_drained(
