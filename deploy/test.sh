@@ -37,7 +37,7 @@ eval "$(B300_SLURM=$MAIN_REL bash deploy/localcluster.sh env)"
 log "main run on $(sinfo -V)"
 
 "$PY" -m ruff check daemon plugins sql tests
-"$PY" -m mypy daemon plugins
+PYTHON=$PY bash deploy/typecheck.sh   # b300, b300.plugins, b300.sql as imported
 mkdir -p artifacts
 "$PY" -m pytest -p no:cacheprovider "$@"
 
