@@ -224,7 +224,7 @@ def one_drill(base: Path, conf: str, mode: str, poll: str, sim: dn.Sim, n: int) 
                     for name, node in sim.nodes.items())
     cfg = work / "b300.toml"
     cfg.write_text(
-        f'[daemon]\nstate_dir = "{state}"\npoll_interval = "{poll}"\nlog_format = "json"\n'
+        f'[daemon]\nmode = "act"\nstate_dir = "{state}"\npoll_interval = "{poll}"\nlog_format = "json"\n'
         f'[slurm]\nbackend = "cli"\nconf = "{conf}"\n'
         f"[drift]\nknown_hosts = {json.dumps(str(sim.known_hosts))}\nkey_file = {json.dumps(str(sim.key))}\n"
         f'command_timeout = "5s"\nprobes = ["nccl"]\n[drift.nodes]\n{nodes}'

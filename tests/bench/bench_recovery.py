@@ -92,7 +92,7 @@ def bench_b300d(base: Path, conf: str, poll: str) -> dict[str, float]:
     (run_dir / "ckpt").mkdir(parents=True)
     state = base / "b300" / "state"
     cfg = base / "b300" / "b300.toml"
-    cfg.write_text(f'[daemon]\nstate_dir = "{state}"\npoll_interval = "{poll}"\n'
+    cfg.write_text(f'[daemon]\nmode = "act"\nstate_dir = "{state}"\npoll_interval = "{poll}"\n'
                    f'log_format = "json"\n[slurm]\nbackend = "cli"\nconf = "{conf}"\n'
                    f'[recovery]\nsettle = "90s"\n')
     spec = base / "b300" / "job.toml"
@@ -257,7 +257,7 @@ def busy_run(base: Path, conf: str, sim: dn.Sim, mode: str, n: int, busy_s: floa
                        sh("squeue", "-h", "-j", job, "-o", "%N").strip()).split()
             pool: list[str] = []
         else:
-            cfg = (f'[daemon]\nstate_dir = "{state}"\npoll_interval = "1s"\nlog_format = "json"\n'
+            cfg = (f'[daemon]\nmode = "act"\nstate_dir = "{state}"\npoll_interval = "1s"\nlog_format = "json"\n'
                    f'[slurm]\nbackend = "cli"\nconf = "{conf}"\n[recovery]\nsettle = "5s"\n'
                    + dn.drift_section(sim) + "[liveness]\nenabled = true\n")
             if mode == "pool":

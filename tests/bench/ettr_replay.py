@@ -158,7 +158,7 @@ def main() -> int:
         (run_dir / "ckpt").mkdir(parents=True)
         state = work / "state"
         cfg = work / "b300.toml"
-        cfg.write_text(f'[daemon]\nstate_dir = "{state}"\nlog_format = "json"\n'
+        cfg.write_text(f'[daemon]\nmode = "act"\nstate_dir = "{state}"\nlog_format = "json"\n'
                        f'[slurm]\nbackend = "cli"\nconf = "{conf}"\n')
         train = (f"srun {sys.executable} {TRAIN} --steps 1000000 --ckpt-every {args.ckpt_every} "
                  f"--step-time {args.step_time} --progress-file {run_dir}/steps.{{rank}}.jsonl "
