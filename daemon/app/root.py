@@ -202,7 +202,9 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
 def _log_mode(config: Config, policy: ActionPolicy) -> None:
     """One start-up line saying whether the daemon will act, and on what."""
     if config.mode != ACT:
-        log.warning("mode.observe", why=policy.why,
+        log.warning("mode.observe", why=policy.why if config.mode_set else
+                    '[daemon] mode is not set: the default is "observe"; a daemon upgraded from a '
+                    'release that acted needs mode = "act" to go on acting',
                     meaning="records, alerts and reports; drains, cancels, signals, resubmits and "
                             "deletes nothing of its own accord (b300ctl commands are carried out)")
         return

@@ -34,7 +34,7 @@ def _database_url(value: str) -> str:
 class DaemonTable(Table):
     #: "observe": track, record, alert and report, never act of its own accord; "act": drain,
     #: resubmit, signal, prune as the other sections allow. Changing it needs a restart.
-    mode: Annotated[str, blank_means("observe"), one_of("observe", "act")] = "observe"
+    mode: Annotated[str, blank_means("observe"), one_of("observe", "act")] | None = None
     state_dir: AbsPath = "/var/lib/b300"
     database_url: Annotated[Text, AfterValidator(_database_url)] = ""  # "": SQLite in state_dir
     socket: Annotated[str, matches(r"/[^\x00\n]{0,100}", "an absolute path of at most 100 characters",
