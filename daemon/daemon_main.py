@@ -15,6 +15,7 @@ import structlog
 from .app.root import build_daemon
 from .config import Config, config_path, load_config, trigger_program, writable_paths
 from .errors import B300Error, ConfigError, SlurmError, one_line
+from .interfaces import SlurmClient
 from .lease import DbLease, FileLease
 from .logs import configure_logging
 from .permissions import check_not_writable_by_others
@@ -30,21 +31,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _check_slurm_release(slurm: object, state_dir: str) -> None:
+def _check_slurm_release(slurm: SlurmClient, state_dir: str) -> None:
     """Log and record the Slurm release; refuse one older than the oldest tested (exit 3).
 
     A release that cannot be read (a tool failing, a backend without ``version``) is
     logged as unknown and not held against the start: the poll cycle reports Slurm errors.
     """
     log = structlog.get_logger("b300d")
-    backend = str(getattr(slurm, "name", "?"))
-    version = getattr(slurm, "version", None)
+    backend = slurm.name
     release: SlurmRelease | None = None
-    if version is not None:
-        try:
-            release = parse_release(version())
-        except (SlurmError, ValueError) as exc:
-            log.warning("slurm.release_unknown", backend=backend, error=str(exc))
+    try:
+        release = parse_release(slurm.version())
+    except (SlurmError, ValueError) as exc:
+        log.warning("slurm.release_unknown", backend=backend, error=str(exc))
     if release is not None:
         check_release(release)
         log.info("slurm.release", version=release.text, release=release.release, backend=backend)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 import structlog
 
 from .interfaces import SlurmClient
 from .lease import DbLease, FencedError
-from .model import JobObservation, NodeObservation, SubmitRequest
+from .model import JobObservation, NodeAddress, NodeObservation, SubmitRequest
 
 log = structlog.get_logger(__name__)
 
@@ -69,11 +68,6 @@ class FencedSlurm:
 
     # -- reads go straight through ----------------------------------------
 
-    def __getattr__(self, name: str) -> Any:
-        # What the client has beyond the protocol (call counters, version()) only
-        # reads; every changing call is defined below and fenced.
-        return getattr(self._inner, name)
-
     def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
         return self._inner.jobs(job_ids)
 
@@ -85,6 +79,24 @@ class FencedSlurm:
 
     def nodes(self) -> list[NodeObservation]:
         return self._inner.nodes()
+
+    def partition_nodes(self, partition: str | None) -> list[str]:
+        return self._inner.partition_nodes(partition)
+
+    def default_partition(self) -> str | None:
+        return self._inner.default_partition()
+
+    def node_addresses(self, nodes: Sequence[str]) -> dict[str, NodeAddress]:
+        return self._inner.node_addresses(nodes)
+
+    def reservation_list(self) -> str:
+        return self._inner.reservation_list()
+
+    def version(self) -> str:
+        return self._inner.version()
+
+    def call_counts(self) -> dict[str, int]:
+        return self._inner.call_counts()
 
     # -- changes are fenced -----------------------------------------------
 
@@ -116,25 +128,23 @@ class FencedSlurm:
     def create_reservation(self, name: str, nodes: Sequence[str], *, users: str,
                            partition: str) -> None:
         self._fence.check(f"create reservation {name}")
-        self._inner.create_reservation(name, nodes, users=users, partition=partition)  # type: ignore[attr-defined]
+        self._inner.create_reservation(name, nodes, users=users, partition=partition)
 
     def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
         self._fence.check(f"update reservation {name}")
-        self._inner.update_reservation(name, nodes)  # type: ignore[attr-defined]
+        self._inner.update_reservation(name, nodes)
 
     def add_reservation_flag(self, name: str, flag: str) -> None:
         self._fence.check(f"update reservation {name}")
-        self._inner.add_reservation_flag(name, flag)  # type: ignore[attr-defined]
+        self._inner.add_reservation_flag(name, flag)
 
     def delete_reservation(self, name: str) -> None:
         self._fence.check(f"delete reservation {name}")
-        self._inner.delete_reservation(name)  # type: ignore[attr-defined]
+        self._inner.delete_reservation(name)
 
     def ensure_node_down_trigger(self, program: str) -> bool:
         self._fence.check("strigger --set")
         return self._inner.ensure_node_down_trigger(program)
 
     def close(self) -> None:
-        close = getattr(self._inner, "close", None)
-        if callable(close):
-            close()
+        self._inner.close()

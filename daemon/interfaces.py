@@ -127,6 +127,45 @@ class SlurmClient(Protocol):
         trigger, set once). False when triggers are not allowed to this user."""
         ...
 
+    # -- reservations (the daemon-held spare pools, b300.spares) -----------
+
+    def reservation_list(self) -> str:
+        """``scontrol show reservation --oneliner`` as text (b300.spares.pool parses it);
+        "" when there is none."""
+        ...
+
+    def create_reservation(self, name: str, nodes: Sequence[str], *, users: str,
+                           partition: str) -> None:
+        """Create reservation ``name`` over ``nodes`` of ``partition`` for ``users``, with no
+        end (the pool's nodes are held until it is updated or deleted)."""
+        ...
+
+    def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        """Make ``nodes`` the reservation's node list."""
+        ...
+
+    def add_reservation_flag(self, name: str, flag: str) -> None:
+        """Add one ``Flags=`` value to a reservation."""
+        ...
+
+    def delete_reservation(self, name: str) -> None:
+        """Delete a reservation; SlurmError(transient=False) while Slurm refuses (a job in it)."""
+        ...
+
+    # -- about the client itself --------------------------------------------
+
+    def version(self) -> str:
+        """What ``sinfo -V`` prints (``slurm-wlm 24.11.5``); see :mod:`b300.slurm.release`."""
+        ...
+
+    def call_counts(self) -> dict[str, int]:
+        """Requests made to Slurm so far, by tool or operation (benchmarks, ``b300d --once``)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the client holds (a worker process); the client is not used after."""
+        ...
+
 
 @runtime_checkable
 class CheckpointLayout(Protocol):

@@ -154,5 +154,5 @@ def _watch_guard(name: str, report: CycleReport) -> Iterator[None]:
 
 
 def _calls(slurm: SlurmClient) -> int:
-    """Slurm tool runs so far, where the client counts them (the cli backend does)."""
-    return sum(getattr(slurm, "calls", {}).values())
+    """Slurm requests so far (both backends count them)."""
+    return sum(slurm.call_counts().values())

@@ -205,6 +205,12 @@ class CliSlurmClient:
         """What ``sinfo -V`` prints (``slurm-wlm 24.11.5``); see :mod:`b300.slurm.release`."""
         return self._call(["sinfo", "-V"]).strip()
 
+    def call_counts(self) -> dict[str, int]:
+        return dict(self.calls)
+
+    def close(self) -> None:
+        """Nothing to release: every request is its own process."""
+
     def nodes(self) -> list[NodeObservation]:
         out = self._call(["sinfo", "--noheader", "--Node", f"--format={SINFO_FORMAT}"])
         nodes, bad = parse_sinfo(out)

@@ -36,12 +36,15 @@ import signal as _signal
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from ..errors import SlurmError
 from ..model import JobObservation, NodeAddress, NodeObservation, SubmitRequest
+
+if TYPE_CHECKING:
+    from ..interfaces import SlurmClient
 from .parse import check_node_name, expand_nodes, is_transient, normalise_reason, parse_state
 
 log = structlog.get_logger(__name__)
@@ -324,7 +327,7 @@ class PyslurmClient:
     name = "pyslurm"
 
     def __init__(self, *, slurm_conf: str | None = None, timeout: float = 30.0,
-                 fallback: Any = None) -> None:
+                 fallback: SlurmClient | None = None) -> None:
         self._conf = slurm_conf
         self._timeout = timeout
         self._ctx = mp.get_context("spawn")
@@ -361,6 +364,14 @@ class PyslurmClient:
 
     def close(self) -> None:
         self._restart()
+
+    def call_counts(self) -> dict[str, int]:
+        return dict(self.calls)
+
+    def version(self) -> str:
+        """The release, from the command-line tools (``fallback``): the one libslurm was built
+        for is the one pyslurm's build insisted on, and slurmctld's is what matters."""
+        return str(self._cli("the Slurm release").version())
 
     def _observations(self, rows: Sequence[Mapping[str, Any]], source: str,
                       op: str) -> list[JobObservation]:

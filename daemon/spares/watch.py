@@ -13,13 +13,12 @@ import os
 import pwd
 from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import Any
 
 import structlog
 
 from ..errors import B300Error, ConfigError, SlurmError
 from ..events import Kind
-from ..interfaces import NewEvent, Store
+from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import AttemptState
 from ..spec import JobSpec, spec_of
 from .config import PREFIX, PoolTable, SparesConfig, reservation_name
@@ -93,7 +92,7 @@ def waiting_runs(store: Store, default_partition: Callable[[], str | None] = lam
 class SparePools:
     """The daemon's spare pools (``[spares]``). Not thread-safe: callers hold the action lock."""
 
-    def __init__(self, store: Store, slurm: Any, clock: Callable[[], datetime],
+    def __init__(self, store: Store, slurm: SlurmClient, clock: Callable[[], datetime],
                  config: Callable[[], SparesConfig], *,
                  avoid: Callable[[], Collection[str]] = lambda: (),
                  user: str | None = None) -> None:
