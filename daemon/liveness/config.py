@@ -25,6 +25,8 @@ class LivenessConfig(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
+    #: Check the nodes of running attempts actively (needs [drift]'s SSH settings for the
+    #: confirmation; else off, logged once).
     enabled: bool = True
     #: Seconds between two primary checks of every node in use (one batch per interval).
     interval_s: float = Field(default=1.0, ge=0.2, le=60.0)
