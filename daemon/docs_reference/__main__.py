@@ -4,4 +4,5 @@ import sys
 
 from . import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when imported as a module (the wheel test imports every module)
+    sys.exit(main())
