@@ -1,8 +1,8 @@
 """The ``[liveness]`` section: how often nodes in use are checked and when one is dead.
 
 Durations are numbers of seconds (TOML ``interval_s = 1.0``). The defaults and
-the false-positive rate they give are derived in docs/LIVENESS.md from the
-measurements in the README ("Performance", "Liveness checks").
+the false-positive rate they give are derived in docs/design/liveness.md from the
+measurements in docs/benchmarks.md ("Liveness checks").
 """
 
 from __future__ import annotations

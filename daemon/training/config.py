@@ -1,6 +1,6 @@
 """Thresholds of the training-health detectors, as pydantic v2 models (strict, frozen).
 
-Two places set them (keys documented in ``docs/PROGRESS.md``):
+Two places set them (keys documented in ``docs/design/progress.md``):
 
 - the daemon-wide ``[training]`` table of the config file: :class:`TrainingConfig`;
 - keys added to a spec's ``[health]`` table: :class:`TrainingSpec` (Megatron log,
