@@ -11,7 +11,8 @@
     partition = "gpu"
     nodes = 2                 # idle healthy nodes the reservation keeps (K)
 
-Each pool is the reservation ``b300-spares-<partition>``; see docs/design/spares.md, "The daemon-held spare pool".
+Each pool is the reservation ``b300-spares-<partition>``; see docs/design/spares.md
+("The daemon-held spare pool").
 """
 
 from __future__ import annotations
