@@ -58,3 +58,12 @@ def test_reload_column_follows_the_reloader() -> None:
     assert _reload_of(config, "[training.loss]", "window") == "live"
     assert _reload_of(config, "[metrics]", "listen") == "restart"
     assert _reload_of(config, "[[spares.pool]]", "nodes") == "live"
+
+
+def test_every_config_key_is_described() -> None:
+    """A key without ``Field(description=...)`` or a ``#:`` comment in its model would be
+    an empty cell in the reference: say what it does where it is declared."""
+    from b300.docs_reference.config_ref import config_sections
+
+    bare = [".".join(k.path) for s in config_sections() for k in s.keys if not k.description]
+    assert not bare, f"config keys without a description (add a #: comment in the model): {bare}"
