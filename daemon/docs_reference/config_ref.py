@@ -149,8 +149,23 @@ def _kind(info: FieldInfo) -> str:
     return names.get(ann, "string")
 
 
+def _item_kind(annotation: Any) -> str:
+    """``list of strings``, ``list of integers``: what a list key holds."""
+    while typing.get_origin(annotation) in (typing.Annotated, typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0]
+    item_args = typing.get_args(annotation)
+    item = item_args[0] if item_args else None
+    while typing.get_origin(item) is typing.Annotated:
+        item = typing.get_args(item)[0]
+    names: dict[Any, str] = {str: "strings", int: "integers", float: "numbers"}
+    return f"list of {names[item]}" if item in names else "list"
+
+
 def _type_text(info: FieldInfo) -> str:
     kind = _kind(info)
+    if kind == "list":
+        kind = _item_kind(info.annotation)
     if choices := _choices(info):
         return " | ".join(f'`"{c}"`' for c in choices)
     extra = [x for x in (_what(info), _bounds(info)) if x]
