@@ -12,7 +12,7 @@
 # drop-in b300d.service.d/paths.conf whose ReadWritePaths are those folders (run
 # install.sh again after changing them in the config); b300ctl in BIN_DIR.
 # --slurm-account ACCOUNT also adds the Slurm user b300 to ACCOUNT with admin level
-# Admin (sacctmgr): draining and resuming nodes needs it (README "Slurm rights").
+# Admin (sacctmgr): draining and resuming nodes needs it (docs/install.md, "Slurm rights of the b300 user").
 # Idempotent.
 #
 # Uninstall: stops the service, removes the node-down strigger whose program is in

@@ -3,7 +3,7 @@
 #   installs Slurm/munge/sshd (apt) and the Python packages (pip), brings up the
 #   local Slurm cluster, then runs pytest. Extra arguments go to pytest.
 #
-# Slurm releases (see README, "Tested Slurm releases"):
+# Slurm releases (see docs/testing.md, "Tested Slurm releases"):
 #   B300_SLURM   the release the main run uses: 22.05 (the host's, default), 24.11, 26.05
 #   B300_MATRIX  releases the Slurm-facing subset (B300_MATRIX_TESTS) runs against after
 #                the main run, each on a cluster of that release (default "24.11 26.05";

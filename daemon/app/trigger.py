@@ -3,7 +3,7 @@
 The daemon writes a tiny program into its state directory and arms a permanent
 ``strigger --node --down`` that runs it, so slurmctld runs no string of ours
 through a shell. Polling stays the safety net (slurmctld runs trigger programs in
-its 15 s trigger pass, see README).
+its 15 s trigger pass, see docs/design/failure-recovery.md).
 """
 
 from __future__ import annotations

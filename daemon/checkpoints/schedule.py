@@ -344,7 +344,7 @@ class ScheduleEnforcer:
         died = [a.number for a in attempts if a.outcome == SIGNALLED]
         if died:
             return (f"attempt {died[-1]} died of {spec.checkpoint.signal}: not signalled again "
-                    "(the job must trap it, see README 'Checkpoint schedule')")
+                    "(the job must trap it, see docs/design/checkpoints.md)")
         return ""
 
     def _signal(self, run: Run, spec: JobSpec, attempt: Attempt, status: ScheduleStatus,

@@ -3,7 +3,7 @@
 Pure core: :mod:`.records`, :mod:`.config`, :mod:`.machine`, :mod:`.slurm_addr`
 (parsing). I/O edges: :mod:`.tcp` (the primary check), :mod:`.confirm` (SSH; imports
 paramiko, so it is not imported here), :mod:`.monitor` (one round per interval).
-docs/LIVENESS.md says why these checks and these defaults.
+docs/design/liveness.md says why these checks and these defaults.
 """
 
 from ..model import NodeAddress

@@ -1,8 +1,8 @@
 """The ``[liveness]`` section: how often nodes in use are checked and when one is dead.
 
 Durations are numbers of seconds (TOML ``interval_s = 1.0``). The defaults and
-the false-positive rate they give are derived in docs/LIVENESS.md from the
-measurements in the README ("Performance", "Liveness checks").
+the false-positive rate they give are derived in docs/design/liveness.md from the
+measurements in docs/benchmarks.md ("Liveness checks").
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class LivenessConfig(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
+    #: Check the nodes of running attempts actively (needs [drift]'s SSH settings for the
+    #: confirmation; else off, logged once).
     enabled: bool = True
     #: Seconds between two primary checks of every node in use (one batch per interval).
     interval_s: float = Field(default=1.0, ge=0.2, le=60.0)

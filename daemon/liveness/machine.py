@@ -20,7 +20,7 @@ longer a target and is forgotten. ``NOT_CHECKED`` results change nothing.
 The state is not persisted: after a daemon restart every node starts at OK.
 A dead node is found again within ``N * interval + window`` (it is still dead),
 while a miss count carried over a restart would mix silences from before and
-after it (the gap in between is not silence). See docs/LIVENESS.md.
+after it (the gap in between is not silence). See docs/design/liveness.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ one ``selectors`` loop waiting for them, each socket closed as soon as the
 handshake is done or refused. No shell, no DNS (targets are IP literals), no
 thread per node. What the outcomes mean, and what a TCP connect cannot see (a
 frozen slurmd: the kernel still completes the handshake on its listen
-backlog), is measured in the README ("Liveness checks").
+backlog), is measured in docs/benchmarks.md ("Liveness checks").
 
 Guarantees: :meth:`TcpProber.check` returns one result per target, never
 raises for a node's trouble, and returns within ``budget_s`` (plus one

@@ -104,7 +104,7 @@ def finding_rows(report: WeeklyReport) -> list[list[str]]:
 
 
 def spare_lines(report: WeeklyReport) -> list[str]:
-    """The spares' cost beside the time they saved (README "Sizing spares")."""
+    """The spares' cost beside the time they saved (docs/design/spares.md, "How many spares" and "Cost")."""
     sp = report.spares
     if sp is None:
         return []

@@ -3,7 +3,7 @@
 ``sinfo -V`` prints ``slurm-wlm 24.11.5`` on Debian's builds and ``slurm 24.11.5``
 on SchedMD's; the daemon reads it once at start, logs it, records it in the state
 directory for ``b300ctl status`` and refuses a release older than the oldest one its
-tests run against (22.05, see the README's tested releases).
+tests run against (22.05, see docs/install.md, "Supported Slurm releases").
 """
 
 from __future__ import annotations

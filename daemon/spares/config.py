@@ -11,7 +11,8 @@
     partition = "gpu"
     nodes = 2                 # idle healthy nodes the reservation keeps (K)
 
-Each pool is the reservation ``b300-spares-<partition>``; see README "Spare pool".
+Each pool is the reservation ``b300-spares-<partition>``; see docs/design/spares.md
+("The daemon-held spare pool").
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def reservation_name(partition: str) -> str:
 class PoolTable(Table):
     """One partition's pool."""
 
+    #: The partition whose idle healthy nodes the pool holds.
     partition: Annotated[str, matches(NAME, "a partition name (letters, digits, '.', '_', '-')")]
     #: Idle healthy nodes to keep in the reservation.
     nodes: int = Field(ge=1, le=4096)
@@ -46,9 +48,13 @@ class PoolTable(Table):
 class SparesConfig(Table):
     """``[spares]``; off unless ``enabled`` and at least one ``[[spares.pool]]``."""
 
+    #: false (the default): no reservation is ever made.
     enabled: bool = False
+    #: How often the pools are checked and refilled (at most once a cycle).
     refill_interval_s: float = Field(default=30.0, ge=1.0, le=3600.0)
+    #: The reservation's Users= (default: the user b300d runs as).
     user: Annotated[str, matches(GROUP, "a user name", empty=True)] = ""
+    #: One [[spares.pool]] per partition: the reservation b300-spares-<partition>.
     pool: list[PoolTable] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -99,7 +99,7 @@ class HealthTable(Table):
     progress_file: AbsPath | None = None
     hang_timeout: Duration = 1800.0
     startup_timeout: Duration = 3600.0
-    # Training health (issue 17, b300.training.config.TrainingSpec; docs/PROGRESS.md).
+    # Training health (b300.training.config.TrainingSpec; docs/design/progress.md).
     megatron_log: bool = False
     model_params: Annotated[int, Field(ge=1, le=10**15)] | None = None
     tokens_per_sample: Annotated[int, Field(ge=1, le=10**9)] | None = None

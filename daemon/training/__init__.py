@@ -2,7 +2,7 @@
 
 The job side (standard library only, so a training job can import it without the
 daemon's dependencies): :mod:`.protocol` (the progress protocol v1, see
-``docs/PROGRESS.md``) and :mod:`.progress` (``ProgressWriter``); the callbacks for
+``docs/design/progress.md``) and :mod:`.progress` (``ProgressWriter``); the callbacks for
 HF transformers and Lightning are in :mod:`b300.integrations`.
 
 The daemon side, pure except the tailer: :mod:`.reader` (incremental reader and

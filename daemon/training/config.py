@@ -1,6 +1,6 @@
 """Thresholds of the training-health detectors, as pydantic v2 models (strict, frozen).
 
-Two places set them (keys documented in ``docs/PROGRESS.md``):
+Two places set them (keys documented in ``docs/design/progress.md``):
 
 - the daemon-wide ``[training]`` table of the config file: :class:`TrainingConfig`;
 - keys added to a spec's ``[health]`` table: :class:`TrainingSpec` (Megatron log,
@@ -57,10 +57,15 @@ class LossSpikeThresholds(BaseModel):
     holds ``min_points``. ``nan``: a NaN or infinite loss is a finding."""
 
     model_config = _MODEL
+    #: Losses the median and MAD are taken over.
     window: int = Field(default=200, ge=10, le=100_000)
+    #: Losses needed before a spike is judged.
     min_points: int = Field(default=50, ge=5, le=100_000)
+    #: Robust sigmas (1.4826 * MAD) above the median that make a spike.
     mad_k: float = Field(default=8.0, gt=0, le=1000)
+    #: A spike is also at least this fraction above the median.
     min_rise: float = Field(default=0.10, ge=0, le=100)
+    #: A NaN or infinite loss is a finding.
     nan: bool = True
 
     @model_validator(mode="after")
@@ -76,10 +81,15 @@ class ThroughputThresholds(BaseModel):
     reporting counts as zero only after ``stall_factor`` times its usual reporting gap."""
 
     model_config = _MODEL
+    #: A drop: throughput below this fraction of the baseline's median.
     below: float = Field(default=0.7, gt=0, lt=1)
+    #: For this long.
     sustain: Seconds = Field(default=600.0, gt=0)
+    #: The span before it whose median is the baseline.
     baseline: Seconds = Field(default=3600.0, gt=0)
+    #: Data needed in the baseline before a drop is judged.
     min_baseline: Seconds = Field(default=600.0, gt=0)
+    #: A job that stops reporting counts as zero after this many times its usual reporting gap.
     stall_factor: float = Field(default=3.0, ge=1, le=100)
 
     @model_validator(mode="after")
@@ -97,11 +107,17 @@ class StragglerThresholds(BaseModel):
     are not judged; at most ``max_pending_steps`` steps wait for slow reporters."""
 
     model_config = _MODEL
+    #: A straggler's step time is at least this many times the other hosts' median.
     ratio: float = Field(default=1.3, gt=1, le=100)
+    #: And at least this many seconds above it.
     min_excess: float = Field(default=0.05, ge=0, le=3600)  # seconds
+    #: With 3 or more other hosts, also this many robust sigmas above it.
     mad_k: float = Field(default=3.5, gt=0, le=1000)
+    #: For this many consecutive steps.
     steps: int = Field(default=10, ge=1, le=100_000)
+    #: Steps with fewer hosts reporting are not judged.
     min_hosts: int = Field(default=2, ge=2, le=100_000)
+    #: At most this many steps wait for slow reporters.
     max_pending_steps: int = Field(default=64, ge=1, le=10_000)
 
 
@@ -111,9 +127,13 @@ class CheckpointStallThresholds(BaseModel):
     never less than ``min_timeout``), so the limit follows the checkpoint's real size."""
 
     model_config = _MODEL
+    #: A save begun and not ended after this is stalled (until three saves were timed).
     timeout: Seconds = Field(default=1800.0, gt=0)
+    #: Then: this many times the median save time.
     factor: float = Field(default=5.0, gt=1, le=1000)
+    #: But never less than this.
     min_timeout: Seconds = Field(default=300.0, gt=0)
+    #: Saves whose duration the median is taken over.
     history: int = Field(default=20, ge=3, le=1000)
 
 
@@ -123,7 +143,9 @@ class RestartLoopThresholds(BaseModel):
     preemption is not the run's fault) neither count nor break the row."""
 
     model_config = _MODEL
+    #: Stop a run after this many ended attempts in a row without a newer checkpoint.
     attempts: int = Field(default=3, ge=1, le=1000)
+    #: Outcomes that neither count nor break the row.
     ignore_outcomes: _Outcomes = ("PREEMPTED",)
 
 
@@ -139,7 +161,10 @@ class PeakFlops(BaseModel):
     """The peak FLOP/s of one GPU that MFU divides by, and what it is (shown with MFU)."""
 
     model_config = _MODEL
+    #: Peak FLOP/s of one GPU, for MFU (default: B300 dense BF16); set your parts' and number
+    #: format.
     per_gpu: float = Field(default=B300_DENSE_BF16_FLOPS, gt=0, le=1e18)
+    #: What per_gpu is, shown beside MFU.
     label: str = Field(default="B300 dense BF16, 2.25 PFLOP/s (half the 4.5 PFLOP/s sparse figure)",
                        min_length=1, max_length=200)
 
@@ -212,6 +237,7 @@ class TrainingConfig(BaseModel):
     a spec cannot ask for drains."""
 
     model_config = _MODEL
+    #: Read the jobs' progress files and run the training-health detectors.
     enabled: bool = True
     loss: LossSpikeThresholds = LossSpikeThresholds()
     throughput: ThroughputThresholds = ThroughputThresholds()
@@ -219,11 +245,17 @@ class TrainingConfig(BaseModel):
     checkpoint_stall: CheckpointStallThresholds = CheckpointStallThresholds()
     restart_loop: RestartLoopThresholds = RestartLoopThresholds()
     peak: PeakFlops = PeakFlops()
+    #: Tokens/s and MFU in /metrics are measured over this span.
     rate_window: Seconds = Field(default=300.0, gt=0)
+    #: How much of a progress file a restarted daemon re-reads.
     backfill_bytes: int = Field(default=1 << 20, ge=0, le=1 << 30)
+    #: The most read from one progress file per cycle.
     max_read_bytes: int = Field(default=1 << 20, ge=1 << 12, le=1 << 30)
+    #: IANA zone of the nodes' clocks for Megatron's timestamps (default: the daemon's).
     megatron_tz: str | None = Field(default=None, min_length=1, max_length=64)
+    #: alert: an event and an alert; drain: also drain the straggler's node (the run keeps going).
     straggler_action: Literal["alert", "drain"] = "alert"
+    #: At most one straggler drain per run in this span.
     straggler_drain_every: Seconds = Field(default=86400.0, gt=0)
 
     @field_validator("megatron_tz")

@@ -2,7 +2,7 @@
 
 Each detector returns :class:`Finding` records; the daemon decides what each becomes
 (an event, a metric, an alert, an action). ``kind`` values are the suffixes of the
-event kinds proposed for them (``training.loss_spike`` ...), see ``docs/PROGRESS.md``.
+event kinds proposed for them (``training.loss_spike`` ...), see ``docs/design/progress.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The progress protocol, version 1: records, limits, and the parser of one line.
 
 Standard library only: the writer in the training job imports this module too, so
-what the job writes and what the daemon reads are defined once. ``docs/PROGRESS.md``
+what the job writes and what the daemon reads are defined once. ``docs/design/progress.md``
 is the human-readable statement of the same rules.
 
 A v1 file is UTF-8 JSON Lines, appended to, one object per line of at most

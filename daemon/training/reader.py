@@ -1,7 +1,7 @@
 """Reading progress as it is appended: pure line splitting, and a thin file tailer.
 
 :func:`split_lines` is pure: bytes in, complete lines out, with the rules for what
-cannot be trusted (``docs/PROGRESS.md``, "What a reader does with bad input"):
+cannot be trusted (``docs/design/progress.md``, "What a reader does with bad input"):
 
 - a line longer than the limit is dropped whole, however much of it there is: the
   reader skips to the next newline and never buffers more than the limit;

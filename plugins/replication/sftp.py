@@ -2,7 +2,7 @@
 
 The transport is OpenSSH's own ``ssh`` client (``ssh -s HOST sftp``, argv only,
 never a shell), one process per sending thread, with this module speaking SFTP
-over its pipes (:mod:`.sftp_wire`). Measured on the 2-core test machine (README,
+over its pipes (:mod:`.sftp_wire`). Measured on the 2-core test machine (docs/benchmarks.md,
 "Performance"), OpenSSH moves the same bytes for about half the CPU paramiko
 needs, and its processes run on other cores than the daemon's Python.
 
@@ -43,7 +43,7 @@ log = structlog.get_logger(__name__)
 
 _HOST = re.compile(r"[A-Za-z0-9_.:\[\]%-]{1,253}")
 _USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}")
-# AES-GCM first: with AES-NI it is the cheapest cipher+MAC OpenSSH offers (README figures).
+# AES-GCM first: with AES-NI it is the cheapest cipher+MAC OpenSSH offers (docs/benchmarks.md).
 _CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes256-ctr"
 _HASH_WAIT_S = 3600.0  # a RemoteHasher call for files of unknown size
 

@@ -1,4 +1,5 @@
-"""What reading the config and a spec costs a fresh process (README, "Reading the config").
+"""What reading the config and a spec costs a fresh process (docs/benchmarks.md, "Reading
+the config and a spec").
 
 Each case runs in a new interpreter (``python -c``), ``--runs`` times, and reports the CPU
 time of that process's case (``time.process_time``, less disturbed by other load on the

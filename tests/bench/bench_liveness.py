@@ -9,7 +9,7 @@
   :class:`b300.liveness.tcp.TcpProber` once per ``--interval`` for ``--rounds``. Prints the
   prober's CPU (user+sys of this process) per round and per 1,000 node-checks, the
   latency percentiles and every check that was not OK (the miss rate that
-  docs/LIVENESS.md turns into a false-positive rate). ``--hog N`` runs N busy processes
+  docs/design/liveness.md turns into a false-positive rate). ``--hog N`` runs N busy processes
   beside it (nice 0) to measure under load.
 - ``ssh``: ``--sshd`` real OpenSSH servers on loopback (the drift tests' simulated nodes),
   ``--conns`` persistent paramiko connections spread over them; each round sends one
@@ -219,7 +219,7 @@ def bench_ssh(args: argparse.Namespace) -> None:
 
 def _confirm_rounds(args: argparse.Namespace, settings: SshSettings, addresses: dict[str, Endpoint]) -> None:
     """The confirmation as the monitor runs it (liveness defaults), on live nodes: how often
-    it fails a node that is alive (the q of docs/LIVENESS.md) and how long it takes."""
+    it fails a node that is alive (the q of docs/design/liveness.md) and how long it takes."""
     from b300.liveness.config import LivenessConfig
     from b300.liveness.confirm import SshConfirmer, confirm_runner
     config = LivenessConfig()

@@ -246,7 +246,7 @@ def test_uninstall_purge_removes_everything_and_the_perm_trigger(installed: Inst
     if not program.exists():  # b300d writes it at start; the test before may not have run
         program.write_text("#!/bin/sh\nexit 0\n")
         program.chmod(0o755)
-    # What the README tells a site to do as SlurmUser (b300 may not set node triggers).
+    # What docs/install.md tells a site to do as SlurmUser (b300 may not set node triggers).
     slurm_cmd(inst.slurm_conf, "strigger", "--set", "--node", "--down", "--flags=PERM",
               f"--program={program}")
     assert str(program) in slurm_cmd(inst.slurm_conf, "strigger", "--get")

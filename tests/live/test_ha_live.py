@@ -14,7 +14,7 @@ the server, a request whose client went away -- and then checks:
   requests are refused.
 
 ``B300_TEST_LEASE_TTL`` sets the TTL (default 5 s, to keep the suite short;
-the README's takeover figures were measured with 15 s, the default).
+the takeover figures of docs/design/ha.md were measured with 15 s, the default).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def _runs(pg_url: str) -> list[Any]:
 
 
 def _report(name: str, **figures: float) -> None:
-    # Shown with -s; the README's figures come from these lines.
+    # Shown with -s; docs/design/ha.md's figures come from these lines.
     print(f"\nHA[{name}] " + " ".join(f"{k}={v:.2f}" for k, v in figures.items()), flush=True)
 
 

@@ -147,7 +147,7 @@ def test_crashed_node_is_confirmed_dead_within_n_checks_and_the_window(
 def test_slurmd_frozen_for_less_than_the_window_is_never_confirmed(slurm_conf: str, node_sshd: Sim) -> None:
     """SIGSTOP for just under the silence the thresholds tolerate, then SIGCONT. A frozen
     slurmd's kernel still completes the handshake on its listen backlog, so the TCP check
-    keeps answering (measured: README, "Liveness checks"); nothing is suspected."""
+    keeps answering (measured: docs/benchmarks.md, "Liveness checks"); nothing is suspected."""
     targets = _targets(slurm_conf)
     monitor = _monitor(node_sshd)
     pid = _slurmd_pid(slurm_conf, VICTIM)

@@ -3,7 +3,7 @@ the project did not write (plain bash, as a user's would be).
 
 Four runs side by side, interval 10 s, checked every second:
 
-- **plain**: no opt-in, no trap (the README's spec shape). It must not be signalled, so it
+- **plain**: no opt-in, no trap (the spec shape of docs/job-specs.md). It must not be signalled, so it
   keeps running; one overdue alert, no signal event.
 - **trapper**: opts in and checkpoints from its USR1 trap. Each time it is late it gets
   USR1, writes a checkpoint that the daemon verifies, and nobody is paged.

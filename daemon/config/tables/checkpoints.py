@@ -107,20 +107,40 @@ class TargetTable(Table, extra="allow"):
 
 
 class CheckpointsTable(Table):
+    #: How often checkpoint folders are listed, manifests made and each run's schedule checked.
     check_interval: Duration = 60.0
+    #: false: never signal a job, whatever its spec's [checkpoint] signal says.
     allow_signals: bool = True
+    #: Time a signalled job has to write a checkpoint before the alert; a job that ends within it
+    #: died of the signal (SIGNALLED).
     signal_grace: Duration = 300.0
+    #: Checksum manifests made per check pass (0: none).
     manifests_per_pass: Annotated[int, Field(ge=0, le=1000)] = 2
+    #: How often checkpoints are copied to the targets and, with prune, pruned.
     maintain_interval: Duration = 600.0
+    #: true: delete checkpoints the retention rules do not keep; false: plan only (b300ctl
+    #: checkpoints shows the plan).
     prune: bool = False
-    prune_remote: bool | None = None  # not set: as prune
+    #: Prune the copies on the targets by the same rules; not set: the same as prune (so nothing
+    #: is deleted anywhere unless the config says so).
+    prune_remote: bool | None = None
+    #: Newest checkpoints always kept.
     keep_last: Annotated[int, Field(ge=1, le=100000)] = 3
+    #: Keep the newest checkpoint of each hour this far back (0: off).
     keep_hourly_for: Span = timedelta(hours=24)
+    #: Keep the newest checkpoint of each day this far back (0: off).
     keep_daily_for: Span = timedelta(days=7)
+    #: Files in flight per target.
     replication_concurrency: Annotated[int, Field(ge=1, le=64)] = 4
+    #: Replication bandwidth per second, all targets and threads together, e.g. "500MB" ("" or 0:
+    #: unlimited).
     bandwidth_limit: Annotated[float | None, PlainValidator(size_rate)] = None
+    #: Checkpoint copies per pass, newest first.
     replicas_per_pass: Annotated[int, Field(ge=1, le=10000)] = 4
+    #: Offsite copies: [[checkpoints.targets]] tables.
     targets: Annotated[list[TargetTable], BeforeValidator(_array_of_tables)] = Field(default_factory=list)
+    #: Folders holding the runs' checkpoint folders: the systemd unit may write only there
+    #: (install.sh puts them in its drop-in); a spec whose folder is outside them is refused.
     roots: list[Annotated[str, AfterValidator(_root)]] = Field(default_factory=list)
 
     @model_validator(mode="before")

@@ -128,20 +128,34 @@ class DriftNodeTable(Table):
 
 
 class DriftTable(Table):
+    #: SSH user on the nodes.
     user: User = "root"
     known_hosts: AbsPath = Field(description="host keys are never trusted blindly")
+    #: SSH private key; not set: the ssh-agent.
     key_file: AbsPath | None = None  # None: the ssh-agent
+    #: Reach the nodes through this host (ssh -J), host or host:port.
     jump_host: Annotated[Endpoint | None, PlainValidator(_jump_host)] = None
+    #: User on the jump host (default: user).
     jump_user: User | None = None
+    #: Nodes probed at once.
     concurrency: Annotated[int, Field(ge=1, le=1024)] = 64
+    #: SSH connect timeout per node.
     connect_timeout: Duration = 5.0
+    #: All probes of one node together.
     command_timeout: Duration = 20.0
+    #: Scheduled scans; 0 or absent: on demand only (b300ctl drift scan).
     interval: Annotated[float | None, PlainValidator(_interval)] = None
+    #: Rescan a node before a (re)submission when its last scan is older.
     max_age: Duration = 6 * 3600.0
+    #: Probes to run; not set: every probe plugin loaded.
     probes: list[ProbeName] | None = None  # None: every probe plugin loaded
+    #: The training image file (squashfs or SIF) whose checksum the image probe compares.
     image: RemotePath = ""
+    #: The NCCL library the nccl probe reads; "": libnccl.so.2 via LD_LIBRARY_PATH.
     nccl_library: RemotePath = ""
+    #: Per probe, drain or warn (default: the probe's own).
     policy: dict[ProbeName, Annotated[str, one_of("drain", "warn")]] = Field(default_factory=dict)
+    #: Per probe, the golden value; else the partition's majority.
     pinned: dict[ProbeName, Annotated[str, matches(_VERSION, "a version string")]] = Field(default_factory=dict)
     nodes: Annotated[dict[NodeName, Annotated[DriftNodeTable, BeforeValidator(_node_address)]],
                      AfterValidator(_some_nodes)] = Field(description="Slurm node name -> SSH address")

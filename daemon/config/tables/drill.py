@@ -22,8 +22,12 @@ Command = Annotated[list[_Word], Field(max_length=64), AfterValidator(_command)]
 
 
 class DrillTable(Table):
+    #: b300ctl drill --method crash runs this argv (absolute program path, {node} as an element of
+    #: its own; never a shell).
     crash_command: Command = Field(default_factory=list)
+    #: Run after a crash drill to bring the node back (same rules); optional.
     restore_command: Command = Field(default_factory=list)
+    #: Longest the crash or restore command may run.
     command_timeout: Annotated[Duration, limited(lambda s: 1 <= s <= 3600, "between 1 s and 1 h")] = 60.0
 
 

@@ -50,16 +50,28 @@ def _timezone(value: str) -> str:
 
 
 class ReportTable(Table):
+    #: Recipients of the weekly report (one address or a list); empty: no mail.
     to: MailAddresses = Field(default_factory=list)
+    #: The From address.
     sender: MailAddress = Field(default="b300d@localhost", alias="from")
+    #: SMTP server; required when to or [alerts] mail_to is set.
     smtp_host: Annotated[str, matches(HOST, "a host name", empty=True)] = ""
+    #: SMTP port.
     smtp_port: Port = 587
+    #: Login name; needs password_file.
     smtp_user: Text = ""
+    #: File holding the SMTP password (read at send time; mode 640 root:b300); the password is never
+    #: in the config.
     password_file: AbsPathOrEmpty = ""
+    #: CA bundle for STARTTLS (default: the system's).
     ca_file: AbsPathOrEmpty = ""
+    #: STARTTLS before the login.
     starttls: bool = True
+    #: Weekday the report is sent (mon .. sun).
     day: Annotated[str, PlainValidator(_day)] = "mon"
+    #: Hour of day the report is sent, in timezone.
     hour: Annotated[int, Field(ge=0, le=23)] = 8
+    #: The cluster's IANA time zone, for the report's schedule.
     timezone: Annotated[Text, blank_means("UTC"), AfterValidator(_timezone)] = "UTC"
 
     @model_validator(mode="after")
@@ -83,6 +95,8 @@ def _listen(value: object) -> tuple[str, int] | None:
 
 
 class MetricsTable(Table):
+    #: HOST:PORT of the Prometheus endpoint GET /metrics (e.g. 127.0.0.1:9300 or [::1]:9300); "" or
+    #: absent: no endpoint.
     listen: Annotated[tuple[str, int] | None, PlainValidator(_listen)] = None  # "": no endpoint
 
 
@@ -100,9 +114,13 @@ def _webhook(url: str) -> str:
 
 
 class AlertsTable(Table):
+    #: Alert recipients, sent with [report]'s SMTP settings.
     mail_to: MailAddresses = Field(default_factory=list)
+    #: An http(s) URL that gets each alert as a JSON POST.
     webhook_url: Annotated[Text, AfterValidator(_webhook)] = ""
+    #: Alert when this many nodes are drained within 10 minutes.
     drained_burst: Annotated[int, Field(ge=1, le=100000)] = 3
+    #: How often the event log is scanned for alerts (at most 60 s).
     scan_interval: Annotated[Duration, limited(lambda s: s <= 60, "at most 60 s (alerts within a minute)")] = (
         20.0)
 

@@ -3,7 +3,7 @@ SFTP to a real sshd, S3 to moto's server), restored into a new folder, judged co
 its layout there (new file times and all), and the library resumes from the restored copy.
 
 Lightning is not here: its checkpoints are single ``.ckpt`` files, and manifests and
-replication work on checkpoint folders (see the README's formats table).
+replication work on checkpoint folders (see the formats table in docs/design/checkpoints.md).
 """
 
 from __future__ import annotations
