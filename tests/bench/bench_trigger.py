@@ -88,8 +88,8 @@ def main() -> int:
     state = tmp / "state"
     state.mkdir()
     cfg = tmp / "b300.toml"
-    cfg.write_text(f'[daemon]\nmode = "act"\nstate_dir = "{state}"\npoll_interval = "300s"\nlog_format = "json"\n'
-                   f'log_level = "info"\n[slurm]\nbackend = "cli"\nconf = "{conf}"\n')
+    cfg.write_text(f'[daemon]\nmode = "act"\nstate_dir = "{state}"\npoll_interval = "300s"\n'
+                   f'log_format = "json"\nlog_level = "info"\n[slurm]\nbackend = "cli"\nconf = "{conf}"\n')
     url = f"sqlite:///{state}/state.db"
     log = tmp / "b300d.log"
     env = {**os.environ, "SLURM_CONF": conf}
