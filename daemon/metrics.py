@@ -214,7 +214,8 @@ def _training_families(m: MetricsSnapshot) -> list[Metric]:
 
 
 #: A snapshot with every optional family present: what :meth:`SnapshotCollector.describe` names.
-_EVERY_FAMILY = MetricsSnapshot(cycle=CycleSnapshot(0, 0, 0.0, 0.0, None), drift_findings_open=0)
+_EVERY_FAMILY = MetricsSnapshot(cycle=CycleSnapshot(0, 0, 0.0, 0.0, None), drift_findings_open=0,
+                                spare_pool_nodes={"-": 0})
 
 
 class SnapshotCollector(Collector):

@@ -299,3 +299,15 @@ def test_ipv6_loopback() -> None:
         conn.close()
     finally:
         server.stop()
+
+
+def test_describe_names_every_family_a_scrape_can_export() -> None:
+    """The registry learns names from describe(): a family missing there is unknown to a
+    scrape's name filter (the spare pool's was)."""
+    from b300.health import CycleSnapshot
+    from b300.metrics import MetricsSnapshot, SnapshotCollector, metric_families
+
+    full = MetricsSnapshot(cycle=CycleSnapshot(1, 0, 0.1, 1.0, None), drift_findings_open=0,
+                           spare_pool_nodes={"batch": 2})
+    described = {m.name for m in SnapshotCollector(lambda: full).describe()}
+    assert {m.name for m in metric_families(full)} <= described
