@@ -38,7 +38,8 @@ def test_restore_from_each_kind_of_target_loads_in_torch(
     newest = ctl(cfg, "--json", "checkpoints", "restore", RUN, "--to", str(out / "step_20"), "--verbose")
     assert newest.returncode == 0, newest.stderr
     report = json.loads(newest.stdout)
-    assert (report["run"], report["target"], report["step"], report["replica"]) == (RUN, "offsite", 20, "step_20")
+    chosen = (report["run"], report["target"], report["step"], report["replica"])
+    assert chosen == (RUN, "offsite", 20, "step_20")
     names = sorted(f["path"] for f in report["file_list"])
     assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"] and report["files"] == 3
     assert report["bytes"] == sum(f["size_bytes"] for f in report["file_list"]) > 0
@@ -130,7 +131,8 @@ def test_unreadable_credentials_and_an_unreachable_target(tmp_path: Path, writte
                 store.checkpoints.record_replica(RUN, c.info.path, name, True, c.info.mtime)
     proc = ctl(cfg, "checkpoints", "restore", RUN, "--target", "vault", "--to", str(tmp_path / "a"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "checkpoint target 'vault': aws_secret_access_key_file" in proc.stderr and "no-such-secret" in proc.stderr
+    assert "checkpoint target 'vault': aws_secret_access_key_file" in proc.stderr
+    assert "no-such-secret" in proc.stderr
     proc = ctl(cfg, "checkpoints", "restore", RUN, "--target", "dr-site", "--to", str(tmp_path / "b"))
     assert proc.returncode == 6 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("b300ctl: target dr-site is unreachable: "), proc.stderr
