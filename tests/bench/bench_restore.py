@@ -3,7 +3,7 @@
 against the obvious tool for that target, timed by ``farm-bench --vs`` (whole processes, A/B pairs).
 
     python tests/bench/bench_restore.py [--mib 200] [--files 8] [--runs 5] [--only filesystem,sftp,s3]
-        [--verify-too]
+        [--verify-too] [--concurrency N]
 
 Writes one real ``torch.distributed.checkpoint`` checkpoint (``--files`` storage files
 through ``FileSystemWriter(thread_count=...)``, ``--mib`` MiB in all) under /var/tmp,
@@ -136,6 +136,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", default="filesystem,sftp,s3")
     ap.add_argument("--verify-too", action="store_true")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="b300ctl restore --concurrency (default: the config's, 4)")
     args = ap.parse_args()
     kinds = set(args.only.split(","))
     if shutil.which("farm-bench") is None:
@@ -161,6 +163,8 @@ def main() -> int:
         print(f"checkpoint: {ckpt} ({size / 1e6:.1f} MB, {len(list(ckpt.iterdir()))} files)", flush=True)
         ctl = (f"{shlex.quote(sys.executable)} -m b300.cli --config {shlex.quote(str(cfg))} "
                f"checkpoints restore {RUN}")
+        if args.concurrency:
+            ctl += f" --concurrency {args.concurrency}"
         out = work / "out"
         out.mkdir()
         if "filesystem" in kinds:
