@@ -41,8 +41,10 @@ the first configured target that holds it; --target and --step narrow the choice
 DIR must not exist or be empty. The files arrive in a temporary folder beside DIR
 (.DIR.b300-restore-*) that is renamed to DIR only when all of them matched, so a
 failed or interrupted restore leaves nothing at DIR. The restored folder holds the
-manifest too, so b300d verifies it like the original. Runs as you, here; b300d
-need not be running.
+manifest too, so b300d verifies it like the original. A Megatron-LM legacy
+checkpoint restored as ROOT/iter_N (or ROOT/release) into a ROOT without
+latest_checkpointed_iteration.txt gets one naming it, as Megatron-LM's save would
+have written. Runs as you, here; b300d need not be running.
 
 exit codes: 0 restored; 2 wrong input (unknown run, target or step, no verified
 copy, DIR not empty, unreadable credentials); 4 state store unavailable; 6 the
@@ -139,7 +141,10 @@ def _manifest(target: ReplicationTarget, choice: RestoreChoice) -> Manifest | No
 
 def _fetch(ctx: Context, args: argparse.Namespace, choice: RestoreChoice, target: ReplicationTarget,
            manifest: Manifest, concurrency: int) -> int:
+    import os
+
     from ..checkpoints.fetch import fetch_replica
+    from ..checkpoints.replicate import point_megatron_tracker
 
     files: list[dict[str, Any]] = []
 
@@ -150,6 +155,8 @@ def _fetch(ctx: Context, args: argparse.Namespace, choice: RestoreChoice, target
 
     with _interrupt_on_sigterm():
         result = fetch_replica(target, choice.name, manifest, args.to, concurrency=concurrency, on_file=on_file)
+    if os.path.basename(result.path) == choice.name:  # DIR is ROOT/iter_N: the root may need its tracker
+        point_megatron_tracker(choice.name, os.path.dirname(result.path), manifest)
     mb_s = result.bytes / 1e6 / result.seconds if result.seconds > 0 else None
     report: dict[str, Any] = {
         "run": args.run, "target": choice.target, "step": choice.step, "replica": choice.name,

@@ -141,3 +141,24 @@ def test_unreadable_credentials_and_an_unreachable_target(tmp_path: Path, writte
     proc = ctl(cfg, "--json", "checkpoints", "restore", RUN, "--to", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["target"] == "fs" and os.path.isfile(tmp_path / "c" / ".metadata")
+
+
+def test_a_megatron_legacy_checkpoint_restored_into_a_new_root_loads(tmp_path: Path, written: Written) -> None:
+    """Megatron-LM loads a legacy checkpoint only through its root's tracker, which is not part of the
+    iteration folder: restored as ROOT/iter_N into a new ROOT, the tracker is written naming it."""
+    root = tmp_path / "ckpt"
+    for name in ("iter_0000010", "iter_0000020"):
+        written.copy("megatron-legacy", name, root)
+    shutil.copy(written.root("megatron-legacy") / "latest_checkpointed_iteration.txt", root)
+    cfg = write_config(tmp_path, {"lustre": ("filesystem", target_options("filesystem", tmp_path))})
+    replicated_run(tmp_path, root, "megatron", cfg, {"lustre": [10, 20]})
+    shutil.rmtree(root)
+    fresh = tmp_path / "fresh"
+    proc = ctl(cfg, "checkpoints", "restore", RUN, "--step", "10", "--to", str(fresh / "iter_0000010"))
+    assert proc.returncode == 0, proc.stderr
+    assert (fresh / "latest_checkpointed_iteration.txt").read_text() == "10"
+    restored = fresh / "iter_0000010"
+    assert run_lib("load", "megatron-legacy", fresh, [restored]) == {str(restored): ""}
+    other = tmp_path / "elsewhere"  # a folder of another name: no tracker guessed for it
+    assert ctl(cfg, "checkpoints", "restore", RUN, "--to", str(other / "latest")).returncode == 0
+    assert not (other / "latest_checkpointed_iteration.txt").exists()
