@@ -121,7 +121,9 @@ def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command],
         action = _add_commands(p, c.subcommands, parents, f"{dest}_{c.name}", required=False)
         assert isinstance(action, _SubcommandsOrOwn)
         action.metavar = f"{{{names}}} ... | {words}"
-        own_parser = _Parser(prog=p.prog, add_help=False, parents=parents)
+        action.help = "; ".join(f"{a.flags[0]}: {a.options.get('help', '')}" for a in own)
+        action.help += "; or a sub-command:"
+        own_parser = _Parser(prog=p.prog, parents=parents)  # its --help: after the positional
         _add(own_parser, own)
         _add(own_parser, [arg(*a.flags, **{**a.options, "default": argparse.SUPPRESS})
                           for a in c.arguments if a.is_option])

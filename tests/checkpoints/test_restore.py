@@ -124,8 +124,17 @@ def test_help_and_completion_know_restore(tmp_path: Path) -> None:
     listed = subprocess.run([*run, "checkpoints", "--help"], capture_output=True, text=True, timeout=60,
                             check=True).stdout
     assert "{restore} ... | [run]" in listed
-    script = subprocess.run([*run, "completion", "bash"], capture_output=True, text=True, timeout=60,
-                            check=True).stdout
-    assert "'checkpoints restore') opts='--concurrency --config --help --json --step --target --to --verbose'" \
-        in script
-    assert "checkpoints) opts=" in script and "words=restore" in script
+    script = tmp_path / "b300ctl.bash"
+    script.write_text(subprocess.run([*run, "completion", "bash"], capture_output=True, text=True, timeout=60,
+                                     check=True).stdout)
+
+    def complete(*words: str) -> list[str]:
+        probe = (f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in ('b300ctl', *words))}); "
+                 f"COMP_CWORD={len(words)}; _b300ctl; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+        return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.split()
+
+    assert complete("checkpoints", "") == ["restore"]
+    assert complete("checkpoints", "re") == ["restore"]
+    assert complete("checkpoints", "restore", "ck-1", "--t") == ["--target", "--to"]
+    assert "--keep-last" in complete("checkpoints", "--k") and "--to" not in complete("checkpoints", "--t")
