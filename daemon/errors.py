@@ -66,3 +66,10 @@ class DaemonUnavailableError(B300Error):
     """b300ctl could not reach the running daemon's control socket."""
 
     exit_code = 5
+
+
+class TransferError(B300Error):
+    """Copying from a replication target failed: the target was unreachable, a file could
+    not be read, or what arrived does not match its manifest."""
+
+    exit_code = 6

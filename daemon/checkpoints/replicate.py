@@ -316,11 +316,11 @@ def restore(name: str, target: ReplicationTarget, dest_root: str) -> RestoreResu
         os.replace(out + ".part", out)
         total += entry.size
     write_manifest(dest, manifest)
-    _point_megatron_tracker(name, dest_root, manifest)
+    point_megatron_tracker(name, dest_root, manifest)
     return RestoreResult(dest, len(manifest.files), total)
 
 
-def _point_megatron_tracker(name: str, dest_root: str, manifest: Manifest) -> None:
+def point_megatron_tracker(name: str, dest_root: str, manifest: Manifest) -> None:
     """A Megatron-LM legacy checkpoint loads only through its root's tracker, which is not part
     of the checkpoint folder: restored into a root without one, write it naming this iteration
     (``release`` for ``release/``), as Megatron-LM's own save would have."""

@@ -10,8 +10,9 @@ built from them.
 One error policy, here: a :class:`b300.errors.B300Error` is one line on stderr and
 its exit code (0 ok, 2 wrong input: bad spec/config/argument, unknown run, or a
 refusal by the daemon; 3 Slurm refused; 4 state store unavailable; 5 daemon not
-reachable); a usage error is one line and 2; a reader that leaves (``| head``) ends
-it quietly with 0; Ctrl-C is 130.
+reachable; 6 a copy from an offsite target failed or did not verify); a usage error
+is one line and 2; a reader that leaves (``| head``) ends it quietly with 0; Ctrl-C
+is 130.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import B300Error, one_line
 from . import checkpoints, completion, drift, drill, events, nodes, report, runs, status
@@ -47,6 +48,35 @@ class _Parser(argparse.ArgumentParser):
         print(f"b300ctl: error: {one_line(message)}", file=sys.stderr)
         sys.exit(2)
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if not isinstance(action, _SubcommandsOrOwn):  # any word may be the command's own positional
+            super()._check_value(action, value)
+
+
+class _SubcommandsOrOwn(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """The sub-commands of a command that also takes positionals of its own
+    (``checkpoints [RUN]`` beside ``checkpoints restore RUN``).
+
+    argparse hands positionals out by position, never by value, so a command's
+    optional positional would swallow the sub-command's name. Here the command's
+    positionals live in ``own`` instead: a first word that names no sub-command is
+    parsed, with the rest of the line, by ``own``.
+    """
+
+    own: argparse.ArgumentParser | None = None
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if self.own is None or not values or values[0] in self._name_parser_map:
+            super().__call__(parser, namespace, values, option_string)
+            return
+        setattr(namespace, self.dest, None)
+        sub, extra = self.own.parse_known_args(list(values), None)
+        for key, value in vars(sub).items():
+            setattr(namespace, key, value)
+        if extra:
+            namespace.__dict__.setdefault(argparse._UNRECOGNIZED_ARGS_ATTR, []).extend(extra)
+
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
     """The argparse parser of ``commands``; the chosen record is ``args.command_record``."""
@@ -67,14 +97,38 @@ def _add(parser: argparse.ArgumentParser, arguments: Sequence[Arg]) -> None:
 
 
 def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command],
-                  parents: list[_Parser], dest: str, *, required: bool) -> None:
+                  parents: list[_Parser], dest: str, *, required: bool) -> argparse.Action:
     sub = parser.add_subparsers(dest=dest, required=required, parser_class=_Parser)
     for c in commands:
-        p = sub.add_parser(c.name, help=c.help, parents=parents)
-        _add(p, c.arguments)
-        p.set_defaults(command_record=c)
-        if c.subcommands:
-            _add_commands(p, c.subcommands, parents, f"{dest}_{c.name}", required=False)
+        p = sub.add_parser(c.name, help=c.help, description=c.description or None, parents=parents,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        own = [a for a in c.arguments if not a.is_option]
+        if not (c.subcommands and own):
+            _add(p, c.arguments)
+            p.set_defaults(command_record=c)
+            if c.subcommands:
+                _add_commands(p, c.subcommands, parents, f"{dest}_{c.name}", required=False)
+            continue
+        # Positionals and sub-commands: the positionals go to a parser of their own
+        # (see _SubcommandsOrOwn); the options stay here, and there without defaults,
+        # so a value given before the positional is not reset after it.
+        _add(p, [a for a in c.arguments if a.is_option])
+        p.set_defaults(command_record=c, **{a.options.get("dest", a.flags[0]): a.options.get("default")
+                                            for a in own})
+        p.register("action", "parsers", _SubcommandsOrOwn)
+        names = "|".join(s.name for s in c.subcommands)
+        words = " ".join(f"[{a.options.get('metavar', a.flags[0])}]" for a in own)
+        action = _add_commands(p, c.subcommands, parents, f"{dest}_{c.name}", required=False)
+        assert isinstance(action, _SubcommandsOrOwn)
+        action.metavar = f"{{{names}}} ... | {words}"
+        action.help = "; ".join(f"{a.flags[0]}: {a.options.get('help', '')}" for a in own)
+        action.help += "; or a sub-command:"
+        own_parser = _Parser(prog=p.prog, parents=parents)  # its --help: after the positional
+        _add(own_parser, own)
+        _add(own_parser, [arg(*a.flags, **{**a.options, "default": argparse.SUPPRESS})
+                          for a in c.arguments if a.is_option])
+        action.own = own_parser
+    return sub
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ The listing and the dry run (``--prune`` alone) read the checkpoint directories
 (through the run's layout plugin) and the state store here. ``--prune --yes`` is a
 request to the daemon (op ``checkpoints_prune``), which deletes under its action lock
 after the re-checks its upkeep makes (b300.checkpoints.upkeep), as the user who asked.
+``checkpoints restore`` fetches one back from an offsite target (b300.cli.restore).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 from .command import Command, Context, arg
 from .output import print_table, show, size, when
+from .restore import RESTORE
 
 if TYPE_CHECKING:
     from ..checkpoints.records import StoredCheckpoint
@@ -167,5 +169,5 @@ COMMANDS = (
                 arg("--prune", action="store_true",
                     help="delete what the plan says (a dry run without --yes)"),
                 arg("--yes", action="store_true", help="with --prune: ask b300d to really delete"),
-            )),
+            ), subcommands=(RESTORE,)),
 )

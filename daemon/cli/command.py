@@ -62,6 +62,8 @@ class Command:
     mutating: bool = False
     needs_config: bool = True
     subcommands: tuple[Command, ...] = ()
+    #: Longer text for ``b300ctl PATH --help`` (``help`` is the one line in the command list).
+    description: str = ""
 
 
 def walk(commands: Sequence[Command], prefix: str = "") -> Iterator[tuple[str, Command]]:

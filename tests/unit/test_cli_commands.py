@@ -102,6 +102,8 @@ def test_every_command_is_parsed_into_its_record() -> None:
     for path, command in walk(COMMANDS):
         needed = [a for a in command.arguments if not a.is_option and a.options.get("nargs") not in ("?", "*")]
         values = [a.choices[0] if a.choices else "x" for a in needed]
+        required = [a for a in command.arguments if a.is_option and a.options.get("required")]
+        values += [w for a in required for w in (a.flags[0], "x")]
         extra = ["--since", "7d"] if path == "report" else []
         args = parser.parse_args([*path.split(), *values, *extra])
         assert args.command_record is command, path
