@@ -106,7 +106,7 @@ def check_permissions(cfg: Config) -> list[Check]:
     for path, what in ((cfg.path, "config file"), (cfg.state_dir, "state directory")):
         try:
             check_not_writable_by_others(path, what)
-            out.append(ok(f"{what} {path}: not writable by others"))
+            out.append(ok(f"{what} {path}: no other user may change it"))
         except ConfigError as exc:
             out.append(fail(f"{exc}", "b300d refuses to start so"))
     return out
@@ -253,7 +253,8 @@ def check_database(url: str) -> list[Check]:
 
 def check_trigger(cfg: Config) -> list[Check]:
     if not cfg.recovery.enabled or not cfg.recovery.node_trigger:
-        return [skip("node-down trigger: [recovery] enabled or node_trigger is off")]
+        off = "node_trigger = false" if cfg.recovery.enabled else "enabled = false"
+        return [skip(f"node-down trigger: not armed ([recovery] {off})")]
     user, uid = service_user()
     tool = _tool(cfg, "scontrol")
     if uid == 0:  # root may always: no need to ask Slurm
@@ -297,7 +298,7 @@ def check_ssh(cfg: Config) -> list[Check]:
     if len(bad) > 20:
         bad = [*bad[:20], fail(f"SSH: {len(bad) - 20} more nodes failed", "see the lines above")]
     via = f" via {s.jump.host}" if s.jump else ""
-    return bad or [ok(f"SSH {s.user}@ all {len(names)} [drift] nodes{via}: host keys verified, "
+    return bad or [ok(f"SSH as {s.user} to all {len(names)} [drift] nodes{via}: host keys verified, "
                       "authenticated, ran true")]
 
 

@@ -185,7 +185,7 @@ def test_everything_passes_and_nothing_is_touched(tmp_path: Path, slurm_conf: st
                      "Slurm release 22.05", "Slurm controller answers (sinfo: 4 nodes)",
                      "Slurm backend cli ([slurm] backend = cli): configured",
                      "schema at head 0301", "node-down trigger ([recovery] node_trigger): running as root",
-                     "all 2 [drift] nodes: host keys verified, authenticated, ran true",
+                     "SSH as root to all 2 [drift] nodes: host keys verified, authenticated, ran true",
                      "connected, STARTTLS, logged in as b300, quit without sending",
                      "offsite target b (filesystem): reachable, listed"):
         assert expected in text, text
@@ -216,6 +216,28 @@ def test_database_behind_head_would_migrate_and_is_not_migrated(tmp_path: Path, 
     assert proc.returncode == 0, proc.stdout
     assert f"ok   database sqlite:///{db}: would migrate from 0002 to 0301 at start" in _lines(proc)
     assert _revision(db) == {"0002"}  # still: the check migrated nothing
+
+
+@pytest.mark.postgres
+def test_postgresql_behind_head_would_migrate_and_is_not_migrated(tmp_path: Path, slurm_conf: str,
+                                                                   pg_url: str) -> None:
+    import sqlalchemy as sa
+
+    def revision() -> set[str]:
+        engine = sa.create_engine(pg_url)
+        try:
+            with engine.connect() as conn:
+                return {str(r) for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))
+                        .scalars()}
+        finally:
+            engine.dispose()
+
+    _migrate(pg_url, "0101")
+    assert revision() == {"0101"}
+    proc = _b300d("--config", str(_config(tmp_path, slurm_conf, db=pg_url)), "--check-config")
+    assert proc.returncode == 0, proc.stdout
+    assert f"ok   database {pg_url}: would migrate from 0101 to 0301 at start" in _lines(proc)
+    assert revision() == {"0101"}
 
 
 def test_database_newer_than_this_code_fails(tmp_path: Path, slurm_conf: str) -> None:
