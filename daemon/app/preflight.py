@@ -133,9 +133,10 @@ def trigger_check(user: str, uid: int, slurm_user: str | None) -> Check:
                     "check scontrol works for this user, or set [recovery] node_trigger = false")
     if user == slurm_user:
         return ok(f"{what}: {user} is SlurmUser, may arm it")
+    who = "root" if slurm_user == "root" else f"{slurm_user} or root"
     return fail(f"{what}: {user} is neither root nor SlurmUser ({slurm_user}): strigger --set "
-                "would be refused", f"run b300d as {slurm_user} or root, or set [recovery] "
-                "node_trigger = false (the daemon then finds down nodes by polling alone)")
+                "would be refused", f"run b300d as {who}, or set [recovery] node_trigger = false "
+                "(the daemon then finds down nodes by polling alone)")
 
 
 def backend_reason(configured: str, pyslurm_why_not: str | None) -> tuple[str, str]:

@@ -195,13 +195,17 @@ def check_slurm(cfg: Config, plugins: PluginRegistry) -> list[Check]:
         out.append(ok(f"Slurm release {release.text} (sinfo -V)"))
     except (SlurmError, ValueError) as exc:
         out.append(fail(f"Slurm release: {exc}", "b300d needs Slurm 22.05 or newer"))
+    conf = f" (SLURM_CONF={cfg.slurm_conf})" if cfg.slurm_conf else ""
+    code, ping = _scontrol(cfg, "ping")
+    ping = "; ".join(line.strip() for line in ping.splitlines() if line.strip())[:300]
     try:
+        if code != 0:
+            raise SlurmError(f"scontrol ping: {ping or f'exit {code}'}", transient=True)
         nodes = client.nodes()
-        out.append(ok(f"Slurm controller answers (sinfo: {len(nodes)} nodes)"
-                      + (f" with SLURM_CONF={cfg.slurm_conf}" if cfg.slurm_conf else "")))
+        out.append(ok(f"Slurm controller answers{conf}: {ping}; sinfo lists {len(nodes)} nodes"))
     except SlurmError as exc:
-        out.append(fail(f"Slurm controller: {exc}", "check slurmctld runs and [slurm] conf names its "
-                                                     "slurm.conf"))
+        out.append(fail(f"Slurm controller{conf}: {exc}", "check slurmctld runs and [slurm] conf names "
+                                                           "its slurm.conf"))
     why_not: str | None = None
     if cfg.slurm_backend in ("auto", "pyslurm"):
         if "pyslurm" in plugins.load(SLURM_BACKENDS).plugins:
@@ -256,18 +260,25 @@ def check_trigger(cfg: Config) -> list[Check]:
         off = "node_trigger = false" if cfg.recovery.enabled else "enabled = false"
         return [skip(f"node-down trigger: not armed ([recovery] {off})")]
     user, uid = service_user()
-    tool = _tool(cfg, "scontrol")
     if uid == 0:  # root may always: no need to ask Slurm
         return [trigger_check(user, uid, None)]
+    code, text = _scontrol(cfg, "show", "config")
+    return [trigger_check(user, uid, parse_slurm_user(text) if code == 0 else None)]
+
+
+def _scontrol(cfg: Config, *args: str) -> tuple[int, str]:
+    """``scontrol ARGS`` (read-only queries): exit code and output (stderr when it failed)."""
+    tool = _tool(cfg, "scontrol")
     if tool is None:
-        return [fail("node-down trigger: scontrol not found, SlurmUser unknown", "see the Slurm tools line")]
+        return 127, "scontrol not found"
     try:
-        proc = subprocess.run([tool, "show", "config"], capture_output=True, text=True, check=False,
+        proc = subprocess.run([tool, *args], capture_output=True, text=True, check=False,
                               timeout=CALL_TIMEOUT_S, env=_slurm_env(cfg), stdin=subprocess.DEVNULL)
-        text = proc.stdout if proc.returncode == 0 else ""
-    except (OSError, subprocess.TimeoutExpired):
-        text = ""
-    return [trigger_check(user, uid, parse_slurm_user(text))]
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {CALL_TIMEOUT_S:.0f} s"
+    except OSError as exc:
+        return 126, str(exc)
+    return proc.returncode, proc.stdout if proc.returncode == 0 else (proc.stderr or proc.stdout)
 
 
 def check_ssh(cfg: Config) -> list[Check]:

@@ -182,7 +182,8 @@ def test_everything_passes_and_nothing_is_touched(tmp_path: Path, slurm_conf: st
     text = proc.stdout
     for expected in (f"ok   config {cfg}: parses", f"state_dir {state}: writable by root",
                      f"checkpoint root {roots}: writable by root", "plugins b300.slurm_backends: cli",
-                     "Slurm release 22.05", "Slurm controller answers (sinfo: 4 nodes)",
+                     "Slurm release 22.05", "Slurm controller answers (SLURM_CONF=",
+                     "is UP; sinfo lists 4 nodes",
                      "Slurm backend cli ([slurm] backend = cli): configured",
                      "schema at head 0301", "node-down trigger ([recovery] node_trigger): running as root",
                      "SSH as root to all 2 [drift] nodes: host keys verified, authenticated, ran true",
@@ -306,7 +307,7 @@ def test_a_folder_the_service_user_cannot_write_fails(tmp_path: Path, slurm_conf
         (shared / "state").mkdir(mode=0o755)
         (shared / "logs").mkdir()
         os.chown(shared / "logs", NOBODY, NOBODY)
-        cfg = _config(shared, slurm_conf, extra="[recovery]\nnode_trigger = false\n")
+        cfg = _config(shared, slurm_conf)
         # The check's own code in a process of user nobody: it runs once as root first so that
         # everything it imports is loaded (the interpreter's files are under /root, 0700 here),
         # then drops to nobody for good and runs again.
@@ -323,6 +324,11 @@ def test_a_folder_the_service_user_cannot_write_fails(tmp_path: Path, slurm_conf
                 f"{shared / 'state'} (or run b300d as its owner)") in lines, proc.stdout
         assert f"ok   job_log_dir {shared / 'logs'}: writable by nobody (created and deleted a file)" in lines
         assert list((shared / "logs").iterdir()) == []
+        # SlurmUser is root on the local cluster: nobody may not arm the node-down trigger.
+        assert ("FAIL node-down trigger ([recovery] node_trigger): nobody is neither root nor SlurmUser "
+                "(root): strigger --set would be refused -- run b300d as root, or set [recovery] "
+                "node_trigger = false (the daemon then finds down nodes by polling alone)") in lines, \
+            proc.stdout
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
