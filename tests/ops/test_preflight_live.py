@@ -274,6 +274,16 @@ def test_missing_slurm_tools_fail(tmp_path: Path, slurm_conf: str) -> None:
                              "to their folder"]
 
 
+def test_an_offsite_folder_that_is_not_there_fails(tmp_path: Path, slurm_conf: str) -> None:
+    gone = tmp_path / "not-mounted"
+    extra = (f"[[checkpoints.targets]]\nname = \"b\"\nkind = \"filesystem\"\n"
+             f"path = {json.dumps(str(gone) + '/{run}')}\n")
+    proc = _b300d("--config", str(_config(tmp_path, slurm_conf, extra=extra)), "--check-config")
+    assert proc.returncode == 1
+    assert _failed(proc) == [f"FAIL offsite target b (filesystem): {gone} is not a folder -- mount it or fix "
+                             "the target's path"]
+
+
 def test_a_changed_host_key_fails_that_node(tmp_path: Path, slurm_conf: str, nodes: Sim) -> None:
     # gpu02's entry holds gpu01's key: what a reinstalled node or a man in the middle looks like.
     a, b = nodes.nodes["gpu01"], nodes.nodes["gpu02"]
