@@ -415,6 +415,11 @@ def test_submit_dry_run_names_exclusions_and_resume_point_and_submits_nothing(
     with open_store(url) as store:
         assert store.list_runs() == runs_before and store.events() == events_before
 
+    as_json = json.loads(subprocess.run([*ctl, "--json", str(spec)], capture_output=True, text=True,
+                                        timeout=120, check=True).stdout)
+    assert as_json["exclude"] == [{"node": "gpu02", "why": "open drift finding"}]
+    assert as_json["resume_from"] == str(ckpt / "step_10") and as_json["sbatch_argv"][0] == "sbatch"
+
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n[job]\nnodes = 0\n')
     proc = subprocess.run([*ctl, str(bad)], capture_output=True, text=True, timeout=120, check=False)
