@@ -8,6 +8,7 @@ timeout, shorter than the check's budget in :func:`checks`.
 
 from __future__ import annotations
 
+import math
 import os
 import pwd
 import shutil
@@ -48,6 +49,8 @@ from .preflight import (
 
 #: Seconds any one network call of a check may take.
 CALL_TIMEOUT_S = 5.0
+#: Nodes the SSH check reaches at once (a thread each): every node of most clusters.
+SSH_PARALLEL = 256
 SLURM_TOOLS = ("sbatch", "squeue", "sacct", "sinfo", "scontrol", "scancel", "strigger")
 _PROBE_RUN = "b300-check-config"  # fills {run} in a target's options to list it
 
@@ -86,7 +89,7 @@ def check_config(path: str) -> int:
 
 def checks(cfg: Config, plugins: PluginRegistry) -> list[tuple[str, float, CheckFn]]:
     """Every check after the config parsed, with its time budget in seconds."""
-    ssh_budget = 4.0 + (2 * cfg.drift.ssh.connect_timeout_s if cfg.drift else 0.0)
+    ssh_rounds = max(1, math.ceil(len(cfg.drift.nodes if cfg.drift else ()) / SSH_PARALLEL))
     return [
         ("permissions", 3.0, lambda: check_permissions(cfg)),
         ("folders", 5.0, lambda: check_folders(cfg)),
@@ -94,7 +97,8 @@ def checks(cfg: Config, plugins: PluginRegistry) -> list[tuple[str, float, Check
         ("slurm", 4 * CALL_TIMEOUT_S + 2, lambda: check_slurm(cfg, plugins)),
         ("database", 2 * CALL_TIMEOUT_S + 2, lambda: check_database(cfg.database_url)),
         ("node trigger", CALL_TIMEOUT_S + 2, lambda: check_trigger(cfg)),
-        ("ssh", min(ssh_budget, 4.0 + 2 * CALL_TIMEOUT_S), lambda: check_ssh(cfg)),
+        # A jump host's connection, then each node's and `true` (SSH_PARALLEL nodes at once).
+        ("ssh", (3 * CALL_TIMEOUT_S + 4) * ssh_rounds, lambda: check_ssh(cfg)),
         ("smtp", 3 * CALL_TIMEOUT_S + 2, lambda: check_smtp(cfg)),
         ("targets", 2 * CALL_TIMEOUT_S, lambda: check_targets(cfg, plugins)),
     ]
@@ -293,7 +297,7 @@ def check_ssh(cfg: Config) -> list[Check]:
         return [fail(f"SSH: known_hosts {s.known_hosts} not readable",
                      "create it with the nodes' host keys (ssh-keyscan, checked by hand)")]
     quick = replace(s, connect_timeout_s=min(s.connect_timeout_s, CALL_TIMEOUT_S),
-                    command_timeout_s=CALL_TIMEOUT_S, concurrency=max(s.concurrency, len(cfg.drift.nodes)))
+                    command_timeout_s=CALL_TIMEOUT_S, concurrency=SSH_PARALLEL)
     names = [n.name for n in cfg.drift.nodes]
     runs = ParamikoRunner(quick, cfg.drift.endpoints()).run(names, {"true": "true"})
     bad = []
