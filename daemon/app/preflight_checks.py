@@ -8,6 +8,7 @@ timeout, shorter than the check's budget in :func:`checks`.
 
 from __future__ import annotations
 
+import grp
 import math
 import os
 import pwd
@@ -105,7 +106,8 @@ def checks(cfg: Config, plugins: PluginRegistry) -> list[tuple[str, float, Check
 
 
 def check_permissions(cfg: Config) -> list[Check]:
-    """What b300d refuses at start: a config file or state folder others may change."""
+    """What b300d refuses at start (a config file or state folder others may change, a spare
+    pool without a user to name) and who may change things through b300ctl."""
     out = []
     for path, what in ((cfg.path, "config file"), (cfg.state_dir, "state directory")):
         try:
@@ -113,6 +115,22 @@ def check_permissions(cfg: Config) -> list[Check]:
             out.append(ok(f"{what} {path}: no other user may change it"))
         except ConfigError as exc:
             out.append(fail(f"{exc}", "b300d refuses to start so"))
+    if cfg.admin_group:
+        try:
+            members = grp.getgrnam(cfg.admin_group).gr_mem
+            out.append(ok(f"admin_group {cfg.admin_group}: exists ({len(members)} listed members); its "
+                          "members may change things through b300ctl"))
+        except KeyError:
+            out.append(fail(f"admin_group {cfg.admin_group}: no such group: only root and the daemon's "
+                            "user could change things through b300ctl",
+                            f"groupadd {cfg.admin_group}, or fix [daemon] admin_group"))
+    if cfg.spares.pools:
+        from ..spares.watch import pool_user
+
+        try:
+            out.append(ok(f"[spares] pools: reservations made for user {pool_user(cfg.spares)}"))
+        except ConfigError as exc:
+            out.append(fail(str(exc), "b300d refuses to start so"))
     return out
 
 

@@ -274,6 +274,20 @@ def test_missing_slurm_tools_fail(tmp_path: Path, slurm_conf: str) -> None:
                              "to their folder"]
 
 
+def test_admin_group_must_exist(tmp_path: Path, slurm_conf: str) -> None:
+    cfg = _config(tmp_path, slurm_conf)
+    text = cfg.read_text().replace("[daemon]\n", "[daemon]\nadmin_group = \"b300-no-such-group\"\n")
+    cfg.write_text(text)
+    proc = _b300d("--config", str(cfg), "--check-config")
+    assert proc.returncode == 1
+    assert _failed(proc) == ["FAIL admin_group b300-no-such-group: no such group: only root and the daemon's "
+                             "user could change things through b300ctl -- groupadd b300-no-such-group, or "
+                             "fix [daemon] admin_group"]
+    cfg.write_text(text.replace("b300-no-such-group", "root"))
+    proc = _b300d("--config", str(cfg), "--check-config")
+    assert proc.returncode == 0 and "ok   admin_group root: exists" in proc.stdout
+
+
 def test_an_offsite_folder_that_is_not_there_fails(tmp_path: Path, slurm_conf: str) -> None:
     gone = tmp_path / "not-mounted"
     extra = (f"[[checkpoints.targets]]\nname = \"b\"\nkind = \"filesystem\"\n"
