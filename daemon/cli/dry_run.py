@@ -57,7 +57,8 @@ def render(d: DryRun) -> str:
     lines += [f"not excluded: {n} ({w})" for n, w in d.dropped]
     lines.append("black-hole nodes: " + (", ".join(
         f"{n} (failed runs {', '.join(r)})" for n, r in d.black_holes) or "none")
-        + (" -- recovery drains them; Slurm places no job there" if d.black_holes else ""))
+        + (" -- not in a new run's exclude list: b300d's recovery drains black-hole nodes"
+           if d.black_holes else ""))
     if not d.checkpoint_dir:
         lines.append("resume point: start from scratch (the spec has no [checkpoint] dir)")
     elif d.resume_from is None:
