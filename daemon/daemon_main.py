@@ -60,7 +60,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--remove-trigger", action="store_true",
                     help="clear the node-down strigger this daemon set (it is PERM: it outlives "
                          "the daemon) and exit; deploy/install.sh --uninstall runs it")
+    ap.add_argument("--check-config", action="store_true",
+                    help="run every start-up check (folders, plugins, Slurm, database schema, SSH to "
+                         "[drift] nodes, trigger permission, SMTP, offsite targets) without acting on "
+                         "anything; one line each; exit 0 all passed, 1 any failed, 2 bad config")
+    ap.add_argument("--version", action="store_true",
+                    help="print the version and the state store schema it migrates to, and exit")
     args = ap.parse_args(argv)
+    if args.version:
+        from .version import version_text
+
+        print(version_text("b300d"))
+        return 0
+    if args.check_config:
+        from .app.preflight_checks import check_config
+
+        return check_config(config_path(args.config))
     try:
         path = config_path(args.config)
         if args.print_paths:

@@ -87,8 +87,24 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
                  epilog=f"{changes}, nodes resume and checkpoints --prune --yes are requests to the running "
                         "b300d (admins only); the rest read the state store (status asks this host's "
                         "b300d first).")
+    ap.add_argument("--version", action=_Version, help="print the version and the state store schema, "
+                                                       "and exit")
     _add_commands(ap, commands, [common], "command", required=True)
     return ap
+
+
+class _Version(argparse.Action):
+    """``--version``: computed when asked (reading the package metadata costs every other run)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from ..version import version_text
+
+        print(version_text("b300ctl"))
+        parser.exit(0)
 
 
 def _add(parser: argparse.ArgumentParser, arguments: Sequence[Arg]) -> None:

@@ -17,6 +17,10 @@ _DONE = {"submit": "submitted", "resubmit": "resubmitted", "cancel": "cancel req
 
 
 def run_submit(ctx: Context, args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from .dry_run import run_dry
+
+        return run_dry(ctx, args)
     from ..spec import load_spec_file
 
     _spec, text = load_spec_file(args.spec)
@@ -50,8 +54,12 @@ def _ask(ctx: Context, op: str, request: dict[str, Any]) -> int:
 
 
 COMMANDS = (
-    Command("submit", "submit a training run from a TOML spec", run_submit, mutating=True, arguments=(
+    Command("submit", "submit a training run from a TOML spec (--dry-run: only show it)", run_submit,
+            mutating=True, arguments=(
         arg("spec", help="job spec file (TOML)"),
+        arg("--dry-run", action="store_true",
+            help="check the spec and print the sbatch command, batch script, excluded nodes and "
+                 "resume point it would get; submit and record nothing"),
     )),
     Command("resubmit", "submit a new attempt of a run", run_resubmit, mutating=True, arguments=(
         arg("run", help="run id"),

@@ -118,26 +118,8 @@ class CliSlurmClient:
     # -- SlurmClient ------------------------------------------------------
 
     def submit(self, request: SubmitRequest) -> int:
-        argv = ["sbatch", "--parsable", f"--job-name={request.job_name}",
-                f"--comment={request.comment}", f"--nodes={request.nodes}"]
-        if request.ntasks_per_node:
-            argv.append(f"--ntasks-per-node={request.ntasks_per_node}")
-        if request.gpus_per_node:
-            argv.append(f"--gpus-per-node={request.gpus_per_node}")
-        for opt, value in (("--partition", request.partition), ("--time", request.time_limit),
-                           ("--account", request.account), ("--qos", request.qos),
-                           ("--output", request.output), ("--chdir", request.workdir)):
-            if value:
-                argv.append(f"{opt}={value}")
-        if request.excluded_nodes:
-            argv.append(f"--exclude={fold_nodes(request.excluded_nodes)}")
-        argv.append("--requeue" if request.requeue else "--no-requeue")
-        if request.no_kill:
-            argv.append("--no-kill")
-        if request.reservation:
-            argv.append(f"--reservation={_resv(request.reservation)}")
         # The script comes on stdin: nothing is written to a shared folder.
-        return parse_sbatch(self._call(argv, stdin=request.script, env=self._job_env))
+        return parse_sbatch(self._call(sbatch_argv(request), stdin=request.script, env=self._job_env))
 
     def jobs(self, job_ids: Sequence[int]) -> dict[int, JobObservation]:
         if not job_ids:
@@ -323,6 +305,29 @@ class CliSlurmClient:
         for trig_id in ids:
             self._call(["strigger", "--clear", f"--id={trig_id}"])
         return len(ids)
+
+
+def sbatch_argv(request: SubmitRequest) -> list[str]:
+    """The sbatch command line of ``request`` (its script goes on stdin; pure)."""
+    argv = ["sbatch", "--parsable", f"--job-name={request.job_name}",
+            f"--comment={request.comment}", f"--nodes={request.nodes}"]
+    if request.ntasks_per_node:
+        argv.append(f"--ntasks-per-node={request.ntasks_per_node}")
+    if request.gpus_per_node:
+        argv.append(f"--gpus-per-node={request.gpus_per_node}")
+    for opt, value in (("--partition", request.partition), ("--time", request.time_limit),
+                       ("--account", request.account), ("--qos", request.qos),
+                       ("--output", request.output), ("--chdir", request.workdir)):
+        if value:
+            argv.append(f"{opt}={value}")
+    if request.excluded_nodes:
+        argv.append(f"--exclude={fold_nodes(request.excluded_nodes)}")
+    argv.append("--requeue" if request.requeue else "--no-requeue")
+    if request.no_kill:
+        argv.append("--no-kill")
+    if request.reservation:
+        argv.append(f"--reservation={_resv(request.reservation)}")
+    return argv
 
 
 def _resv(name: str) -> str:
