@@ -63,6 +63,7 @@ class Config:
     state_dir: str
     database_url: str
     socket: str
+    database_password_file: str = ""  # the PostgreSQL password, read when the store is opened
     job_log_dir: str = ""
     poll_interval_s: float = 15.0
     submit_grace_s: float = 60.0

@@ -55,6 +55,7 @@ def config_from_toml(doc: dict[str, Any], path: str) -> Config:
         state_dir=d.state_dir,
         database_url=d.database_url or f"sqlite:///{d.state_dir}/state.db",
         socket=d.socket or f"{d.state_dir}/b300d.sock",
+        database_password_file=d.database_password_file,
         job_log_dir=d.job_log_dir or f"{d.state_dir}/job-logs",
         poll_interval_s=d.poll_interval,
         submit_grace_s=d.submit_grace,
