@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
 from as_user import ctl_as
+
 from b300.store import open_store
 
 NOBODY = 65534
