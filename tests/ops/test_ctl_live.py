@@ -87,7 +87,7 @@ def test_a_non_admin_is_refused_by_the_running_daemon(shared_daemon: tuple[Daemo
         proc = _ctl_as_nobody(cfg, *argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "user nobody may not" in lines[0] and "not in group" in lines[0]
+        assert len(lines) == 1 and "user nobody may not" in lines[0] and "no admin_group configured" in lines[0]
     # The refusal is the daemon's: it logged it with the peer's uid from SO_PEERCRED.
     refusals = [json.loads(line) for line in handle.log.read_text().splitlines()
                 if '"control.refused"' in line]
