@@ -23,6 +23,7 @@ from .plugin_registry import PluginRegistry
 from .slurm import make_slurm_client
 from .slurm.release import SlurmRelease, check_release, parse_release, record_release
 from .store import create_engine, open_store
+from .store.credentials import store_url
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,11 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   bin_dir=cfg.slurm_bin_dir, timeout=cfg.slurm_timeout_s, plugins=plugins)
         # Before the store: a refused release leaves the database (and its schema) untouched.
         _check_slurm_release(slurm, cfg.state_dir)
-        store = open_store(cfg.database_url)
+        url = store_url(cfg.database_url, cfg.database_password_file, reader=False)
+        store = open_store(url)
         # The lease has its own engine and short timeouts (b300.lease): a renewal
         # must neither wait behind the store's calls nor outlive a fraction of the TTL.
         call_timeout = max(1.0, cfg.lease_ttl_s / 4)
-        lease = DbLease(create_engine(cfg.database_url, statement_timeout_s=call_timeout,
+        lease = DbLease(create_engine(url, statement_timeout_s=call_timeout,
                                       lock_timeout_s=call_timeout / 2,
                                       connect_timeout_s=max(2, int(call_timeout)), pool_size=1,
                                       application_name="b300d-lease"),

@@ -38,6 +38,11 @@ class ConfigError(UsageError):
     """A daemon configuration that cannot be used."""
 
 
+class AccessError(UsageError):
+    """A file, folder or socket this user may not read or use (the message says which
+    access is missing and where)."""
+
+
 class NotFoundError(UsageError):
     """A run, attempt or node id that is not known."""
 

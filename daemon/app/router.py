@@ -24,6 +24,7 @@ from ..checkpoints.access import checkpoint_dir_problem
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
 from ..control import Peer, is_admin
+from ..control_client import refusal
 from ..drift.watch import DriftWatch
 from ..drill.watch import DrillWatch
 from ..errors import B300Error, NotFoundError, UsageError
@@ -106,9 +107,7 @@ class ControlRouter:
         self._refuse_unless_active(op)
         if not is_admin(peer, self._config().admin_group):
             log.warning("control.refused", uid=peer.uid)
-            group = self._config().admin_group or "(none configured)"
-            return {"ok": False, "exit_code": 2,
-                    "error": f"user {actor} may not {op}: not in admin group {group}"}
+            return {"ok": False, "exit_code": 2, "error": refusal(actor, op, self._config().admin_group)}
         if dropped := _expired(request, client_alive):
             log.warning("control.dropped", why=dropped)
             return {"ok": False, "exit_code": 5, "error": f"{op} dropped: {dropped}"}

@@ -103,12 +103,16 @@ class Context:
         if self._mutating:
             raise AssertionError("a mutating command goes through the daemon, not the store")
         from ..store import open_store_for_reading
+        from ..store.credentials import store_url
 
-        return open_store_for_reading(self.config().database_url)
+        config = self.config()
+        return open_store_for_reading(store_url(config.database_url, config.database_password_file,
+                                                reader=True))
 
     def ask(self, request: dict[str, Any], *, timeout: float = 180.0) -> tuple[int, dict[str, Any]]:
         """Send a request to the daemon: ``(0, result)``, or ``(exit code, {})`` after its
         one-line refusal was printed on stderr."""
         from ..control_client import ask_daemon
 
-        return ask_daemon(self.config().socket, request, timeout=timeout)
+        config = self.config()
+        return ask_daemon(config.socket, request, timeout=timeout, admin_group=config.admin_group)

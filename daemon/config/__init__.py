@@ -5,6 +5,7 @@
     [daemon]
     state_dir = "/var/lib/b300"          # SQLite database, lock file
     database_url = ""                    # default: sqlite:///<state_dir>/state.db
+    database_password_file = ""          # PostgreSQL: the password, never in database_url
     socket = ""                          # default: <state_dir>/b300d.sock
     job_log_dir = ""                     # default: <state_dir>/job-logs; jobs' stdout/stderr
                                          # when a spec sets no output (must be on a filesystem

@@ -6,7 +6,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import AccessError, ConfigError
 from .records import Config
 
 DEFAULT_CONFIG = "/etc/b300/b300.toml"
@@ -24,6 +24,10 @@ def load_config(path: str) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except PermissionError:
+        from ..permissions import unreadable
+
+        raise AccessError(unreadable(path, "config file")) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     try:

@@ -65,6 +65,7 @@ class Config:
     socket: str
     mode: str = "observe"  # [daemon] mode: "observe" (never acts of its own accord) or "act"
     mode_set: bool = False  # whether the file says so (a default observe is said at start-up)
+    database_password_file: str = ""  # the PostgreSQL password, read when the store is opened
     job_log_dir: str = ""
     poll_interval_s: float = 15.0
     submit_grace_s: float = 60.0

@@ -31,6 +31,8 @@ from .text import cell, clean_docstring
 #: A complete, valid config the per-key trials start from: ``[drift]`` present (it is
 #: optional) and ``[report]`` with an SMTP host (``[alerts] mail_to`` needs one).
 BASE_DOC: dict[str, Any] = {
+    # PostgreSQL, so that database_password_file (refused beside SQLite) can be tried too.
+    "daemon": {"database_url": "postgresql+psycopg://b300@db.example.org/b300"},
     "drift": {"known_hosts": "/etc/b300/known_hosts", "nodes": {"node1": "node1"}},
     "report": {"smtp_host": "mail.example.org"},
 }

@@ -9,19 +9,21 @@ own. Table classes never leave this package.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import PoolProxiedConnection
 
-from ..errors import ConfigError, StoreError
+from ..errors import AccessError, ConfigError, StoreError
 from . import (
     checkpoint_tables,  # noqa: F401 - registers the checkpoint tables in METADATA
     drift_tables,  # noqa: F401 - registers the drift tables in METADATA
@@ -84,9 +86,8 @@ def open_store_for_reading(url: str) -> SqlStore:
         parsed = make_url(url)
     except sa_exc.ArgumentError:
         raise ConfigError("state store URL is not a valid database URL") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database and not parsed.query.get("uri") \
-            and not Path(parsed.database).exists():
-        raise StoreError(f"no state store at {parsed.database} (has b300d been started?)")
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not parsed.query.get("uri"):
+        url = _readable_sqlite(parsed.database) or url
     engine = create_engine(url, pool_size=1, read_only=True, application_name="b300ctl")
     try:
         _check_schema(engine)
@@ -94,6 +95,32 @@ def open_store_for_reading(url: str) -> SqlStore:
         engine.dispose()
         raise
     return SqlStore(engine)
+
+
+def _readable_sqlite(database: str) -> str | None:
+    """Check that this user may read the SQLite store at ``database``; AccessError
+    (one line naming the path and the access missing) or StoreError if not.
+
+    Returns a read-only ``immutable`` URL when the daemon is not running (no WAL
+    file) and this user may not write the folder: SQLite would otherwise need to
+    create the WAL index there just to read (the admin group reads, never writes).
+    """
+    from ..permissions import unreadable
+
+    try:
+        os.stat(database)
+    except FileNotFoundError:
+        raise StoreError(f"no state store at {database} (has b300d been started?)") from None
+    except PermissionError:
+        raise AccessError(unreadable(database, "the state store")) from None
+    names = (database, *(f"{database}{suffix}" for suffix in ("-wal", "-shm")))
+    for name in names:
+        if os.path.exists(name) and not os.access(name, os.R_OK):
+            raise AccessError(unreadable(name, "the state store"))
+    folder = os.path.dirname(database) or "."
+    if os.path.exists(f"{database}-wal") or os.access(folder, os.W_OK):
+        return None
+    return f"sqlite:///file:{quote(database)}?immutable=1&uri=true"
 
 
 def _check_schema(engine: Engine) -> None:

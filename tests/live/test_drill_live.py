@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import test_node_loss_live as nl
+from as_user import ctl_as
 from test_node_loss_live import node_sshd, slow_cluster  # noqa: F401  (fixtures, shared)
 
 from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, slurm_cmd, wait_for, write_spec
@@ -30,8 +31,6 @@ from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, slurm_
 pytestmark = pytest.mark.slurm
 TRAIN = Path(__file__).resolve().parent.parent / "workload" / "train.py"
 NOBODY = 65534
-_PRELOAD = ("locale", "b300.cli", "b300.spec", "b300.config.tables", "b300.cli.drill", "b300.config",
-            "b300.control_client", "b300.config.duration")
 
 
 def _spec(tmp_path: Path, steps: int = 60) -> Path:
@@ -192,13 +191,7 @@ def shared(tmp_path: Path, slurm_conf: str) -> Iterator[tuple[DaemonHandle, Path
 def test_a_non_admin_is_refused(shared: tuple[DaemonHandle, Path, str], tmp_path: Path) -> None:
     d, cfg, _sock = shared
     run_id = d.submit(write_spec(tmp_path / "job.toml", "drill-nobody", "sleep 300"))
-    code = ("import importlib, os, sys\n"
-            f"for name in {_PRELOAD!r}:\n    importlib.import_module(name)\n"
-            f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
-            "import b300.cli\nsys.exit(b300.cli.main(sys.argv[1:]))\n")
-    proc = subprocess.run([sys.executable, "-c", code, "--config", str(cfg), "drill", run_id],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "HOME": "/"})
+    proc = ctl_as(NOBODY, NOBODY, (), "--config", str(cfg), "drill", run_id)  # from any clone
     _refused(proc, "user nobody may not drill")
     refusals = [json.loads(line) for line in d.log.read_text().splitlines() if '"control.refused"' in line]
     assert [r["op"] for r in refusals] == ["drill"] and refusals[0]["uid"] == NOBODY

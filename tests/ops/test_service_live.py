@@ -35,8 +35,8 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
     for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure",
                  "User=b300", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
-                 "PrivateTmp=yes", "ReadWritePaths=/var/lib/b300 /run/b300", "RuntimeDirectory=b300",
-                 "StateDirectory=b300", "ExecReload=/bin/kill -HUP $MAINPID"):
+                 "PrivateTmp=yes", "ReadWritePaths=-/var/lib/b300 /run/b300", "RuntimeDirectory=b300",
+                 "UMask=0027", "ExecReload=/bin/kill -HUP $MAINPID"):
         assert line in text
 
 

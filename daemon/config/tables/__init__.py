@@ -57,6 +57,7 @@ def config_from_toml(doc: dict[str, Any], path: str) -> Config:
         socket=d.socket or f"{d.state_dir}/b300d.sock",
         mode=d.mode,
         mode_set="mode" in d.model_fields_set,
+        database_password_file=d.database_password_file,
         job_log_dir=d.job_log_dir or f"{d.state_dir}/job-logs",
         poll_interval_s=d.poll_interval,
         submit_grace_s=d.submit_grace,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from typing import Annotated
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from ..types import (
     GROUP,
@@ -69,6 +70,25 @@ class DaemonTable(Table):
     #: Members may change things through b300ctl (submit, cancel, resume, prune, drill), besides
     #: root and the daemon's user.
     admin_group: Annotated[str, matches(GROUP, "a group name", empty=True)] = ""
+    #: A file holding the PostgreSQL password (read when the store is opened; one trailing
+    #: newline stripped), so that the URL carries none and the config can be readable by the
+    #: admin group. install.sh makes it root:<admin group> 640.
+    database_password_file: AbsPathOrEmpty = ""
+
+    @model_validator(mode="after")
+    def _one_place_for_the_password(self) -> DaemonTable:
+        if not self.database_password_file:
+            return self
+        if not self.database_url.startswith("postgresql"):
+            raise problem("database_password_file needs a postgresql:// database_url")
+        try:
+            has_password = urlsplit(self.database_url).password is not None
+        except ValueError:
+            has_password = False  # a URL urllib cannot split is refused when it is opened
+        if has_password:
+            raise problem("database_url carries a password and database_password_file is set: "
+                          "remove the password from the URL")
+        return self
 
 
 class SlurmTable(Table):
