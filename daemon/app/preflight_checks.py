@@ -79,13 +79,25 @@ def check_config(path: str) -> int:
     # The checks' own log lines (a plugin skipped, paramiko) only when they are errors, on stderr.
     configure_logging("auto", "error")
     head = [ok(f"config {path}: parses")]
-    mode = getattr(cfg, "mode", None)
-    if mode is not None:
-        head.append(ok(f"mode: {mode} ([daemon] mode)"))
+    head.append(ok(_mode_words(cfg)))
     lines = head + run_checks(checks(cfg, PluginRegistry()))
     for c in lines:
         print(c.line(), flush=True)
     return exit_code(lines)
+
+
+def _mode_words(cfg: Config) -> str:
+    """What the daemon will do of its own accord with this config (b300.mode)."""
+    from ..mode import action_policy
+
+    p = action_policy(cfg)
+    if not p.acting:
+        said = "" if cfg.mode_set else " (not set: the default)"
+        return f"mode: {cfg.mode}{said}: records, alerts, reports; acts on nothing of its own accord"
+    acts = [what for what, on in (("drains/resubmits", p.nodes_and_runs), ("signals", p.signals),
+                                  ("deletes checkpoints", p.deletes), ("holds spare pools", p.reservations))
+            if on]
+    return f"mode: act: {', '.join(acts)}" + (f"; not: {p.why}" if p.why else "")
 
 
 def checks(cfg: Config, plugins: PluginRegistry) -> list[tuple[str, float, CheckFn]]:

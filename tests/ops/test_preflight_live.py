@@ -180,7 +180,9 @@ def test_everything_passes_and_nothing_is_touched(tmp_path: Path, slurm_conf: st
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _failed(proc) == []
     text = proc.stdout
-    for expected in (f"ok   config {cfg}: parses", f"state_dir {state}: writable by root",
+    for expected in (f"ok   config {cfg}: parses",
+                     "mode: observe (not set: the default): records, alerts, reports; acts on nothing",
+                     f"state_dir {state}: writable by root",
                      f"checkpoint root {roots}: writable by root", "plugins b300.slurm_backends: cli",
                      "Slurm release 22.05", "Slurm controller answers (SLURM_CONF=",
                      "is UP; sinfo lists 4 nodes",
