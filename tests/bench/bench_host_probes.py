@@ -56,7 +56,8 @@ def cost(nodes: int, rounds: int, interval: float) -> None:
         "connect": TcpProber(timeout_s=0.8 * interval, max_in_flight=512),
     }
     print(f"{nodes} targets, {rounds} rounds at {interval:g} s")
-    print(f"{'probe':8} {'wall/round p50':>15} {'max':>8} {'cpu/round':>10} {'cpu/1000':>9} {'core %':>7}  outcomes")
+    print(f"{'probe':8} {'wall/round p50':>15} {'max':>8} {'cpu/round':>10} {'cpu/1000':>9} "
+          f"{'core %':>7}  outcomes")
     for name, prober in probers.items():
         walls, cpus = [], []
         outcomes: Counter[str] = Counter()

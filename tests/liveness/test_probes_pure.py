@@ -154,8 +154,9 @@ def test_without_cap_net_raw_the_start_up_line_says_what_to_set() -> None:
     script = ("from b300.liveness.config import LivenessConfig\nfrom b300.liveness.probes import choose\n"
               "c = choose(LivenessConfig(), ssh_ready=False)\nprint(c.primary, repr(c.confirm))\n"
               "print('\\n'.join(c.notes))\n")
-    out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-net_raw", sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-net_raw"]
+    out = subprocess.run([*drop, sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
     with open("/proc/sys/net/ipv4/ping_group_range") as f:
         low, high = map(int, f.read().split())
     if low <= 0 <= high:  # root's group may open ICMP datagram sockets here
