@@ -19,7 +19,7 @@ from b300.liveness.config import LivenessConfig
 from b300.liveness.icmp import IcmpProber
 from b300.liveness.monitor import LivenessMonitor
 from b300.liveness.probes import ProbeConfirmer
-from b300.liveness.records import CheckOutcome, Target, Verdict
+from b300.liveness.records import CheckOutcome, Decision, Target, Verdict
 from b300.liveness.syn import SynProber
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,7 +89,7 @@ def test_loss_and_jitter_never_kill_a_live_host_at_the_defaults(host: netns.Host
     assert Verdict.DEAD not in [d.verdict for d in decisions], (how, decisions)
 
 
-def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list:  # type: ignore[type-arg]
+def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list[Decision]:
     """``n`` rounds at the default [liveness] (ICMP primary, SYN confirmation, 1 s apart)
     against ``nodes`` node names all at the namespace's address; every decision."""
     cfg = LivenessConfig()
@@ -99,7 +99,7 @@ def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list:  # type: ignore[type
                                lambda node: monitor.target(node), cfg.confirm_timeout_s, "syn")
     monitor = LivenessMonitor(cfg, primary, confirmer)
     targets = [Target(f"n{i}", h.addr, netns.OPEN_PORT) for i in range(nodes)]
-    out = []
+    out: list[Decision] = []
     try:
         for _ in range(n):
             start = time.monotonic()
