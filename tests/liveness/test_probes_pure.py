@@ -164,3 +164,17 @@ def test_without_cap_net_raw_the_start_up_line_says_what_to_set() -> None:
     else:
         assert out.startswith("connect ''"), out
         assert "CAP_NET_RAW" in out and "ping_group_range" in out and "liveness is off" in out, out
+
+
+def test_ipv6_nodes_get_the_connect_check_beside_the_ipv4_host_probe() -> None:
+    from b300.liveness.probes import prober
+
+    with socket.socket(socket.AF_INET6) as srv:
+        srv.bind(("::1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        targets = [Target("n1", "127.0.0.1", port), Target("n2", "::1", port), Target("n3", "127.0.0.2", port)]
+        results = prober("icmp", CFG, 0.5).check(targets, 1.0)
+    assert [(r.node, r.outcome, r.detail) for r in results] == [
+        ("n1", CheckOutcome.OK, "echo reply"), ("n2", CheckOutcome.OK, ""),
+        ("n3", CheckOutcome.OK, "echo reply")]
