@@ -199,4 +199,5 @@ def drift_section(sim: Sim, command_timeout: str = "5s") -> str:
                     for n, node in sim.nodes.items())
     return (f"[drift]\nknown_hosts = {json.dumps(str(sim.known_hosts))}\n"
             f"key_file = {json.dumps(str(sim.key))}\ncommand_timeout = {json.dumps(command_timeout)}\n"
-            f'probes = ["nccl"]\n[drift.nodes]\n{nodes}')
+            # nccl drift drains (the product's default is warn: a site opts in per probe)
+            f'probes = ["nccl"]\n[drift.policy]\nnccl = "drain"\n[drift.nodes]\n{nodes}')
