@@ -30,6 +30,7 @@ from ..fence import Fence, FencedSlurm
 from ..health import CycleHealth
 from ..interfaces import SlurmClient, Store
 from ..lease import DbLease
+from ..liveness.monitor import Confirmer
 from ..logs import configure_logging
 from ..mode import ACT, ActionPolicy, Withheld, action_policy
 from ..plugin_registry import PluginRegistry
@@ -119,8 +120,8 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         except Exception:  # the scheduler may be starting or shutting down
             log.debug("wake.skipped")
 
-    node_loss = _node_loss_watch(config, store, slurm, lock, clock, wake, plugins) \
-        if recovery_on else None
+    node_loss = _node_loss_watch(config, store, slurm, lock, clock, wake, plugins,
+                                 act=recovery_on, withheld=withheld)
     if recovery_on:
         recoverer = Recoverer(store, slurm, actions, clock, config.recovery,
                               job_log_dir=config.job_log_dir,
@@ -227,28 +228,41 @@ def _prune_why(config: Config, policy: ActionPolicy) -> str:
 
 def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: threading.Lock,
                      clock: Callable[[], datetime], wake: Callable[[], None],
-                     plugins: PluginRegistry) -> NodeLossWatch | None:
-    """Active failure detection, when ``[liveness]`` is on and nodes can be reached over SSH
-    (the confirmation check uses ``[drift]``'s SSH settings and node addresses)."""
+                     plugins: PluginRegistry, *, act: bool, withheld: Withheld) -> NodeLossWatch | None:
+    """Active failure detection, when ``[liveness]`` is on: the primary and confirmation
+    checks of its config (b300.liveness.probes), each falling back to the slurmd connect
+    where it cannot run here (one line says why). With ``act`` off, dead nodes are
+    recorded and the actions withheld."""
     cfg = config.liveness
     if not cfg.enabled:
         return None
-    if config.drift is None or not config.drift.endpoints():
-        log.warning("liveness.off", why="its confirmation check needs SSH to the nodes ([drift] "
-                    "ssh settings and nodes); failures are found by Slurm alone")
-        return None
-    from ..liveness.confirm import SshConfirmer, confirm_runner
     from ..liveness.monitor import LivenessMonitor
-    from ..liveness.tcp import TcpProber
+    from ..liveness.probes import ProbeConfirmer, choose, prober
 
-    monitor = LivenessMonitor(cfg, TcpProber(timeout_s=cfg.timeout_s, max_in_flight=cfg.max_in_flight),
-                              SshConfirmer(confirm_runner(config.drift.ssh, config.drift.endpoints(), cfg)))
-    log.info("liveness.on", interval_s=cfg.interval_s, misses_to_suspect=cfg.misses_to_suspect,
-             confirm_window_s=cfg.confirm_window_s)
+    ssh_ready = config.drift is not None and bool(config.drift.endpoints())
+    chosen = choose(cfg, ssh_ready=ssh_ready)
+    for note in chosen.notes:
+        log.warning("liveness.probe_unavailable", note=note)
+    primary = prober(chosen.primary, cfg, cfg.timeout_s)
+    confirmer: Confirmer
+    if chosen.confirm == "ssh":
+        from ..liveness.confirm import SshConfirmer, confirm_runner
+
+        assert config.drift is not None
+        confirmer = SshConfirmer(confirm_runner(config.drift.ssh, config.drift.endpoints(), cfg))
+    else:
+        # A lost packet is a failed confirmation: the check's own timeout is its whole budget.
+        confirmer = ProbeConfirmer(prober(chosen.confirm, cfg, cfg.confirm_timeout_s * 0.9),
+                                   lambda node: monitor.target(node), cfg.confirm_timeout_s, chosen.confirm)
+    monitor = LivenessMonitor(cfg, primary, confirmer)
+    log.info("liveness.on", primary=chosen.primary, confirm=chosen.confirm, interval_s=cfg.interval_s,
+             misses_to_suspect=cfg.misses_to_suspect, confirm_window_s=cfg.confirm_window_s,
+             acting=act)
     # Runs with spare_nodes get a new step in the same job instead (b300.recovery.relaunch).
     relauncher = StepRelauncher(store, clock, log_dir=config.job_log_dir, plugins=plugins)
     return NodeLossWatch(store, slurm, monitor, lock=lock, clock=clock, wake=wake,
-                         settle_s=config.recovery.settle_s, relauncher=relauncher)
+                         settle_s=config.recovery.settle_s, relauncher=relauncher, act=act,
+                         withheld=withheld)
 
 
 def _detect_window_s(config: Config) -> float:

@@ -1,6 +1,7 @@
 """The ``[liveness]`` section: how often nodes in use are checked and when one is dead.
 
-Durations are numbers of seconds (TOML ``interval_s = 1.0``). The defaults and
+Durations are numbers of seconds (TOML ``interval_s = 1.0``) or the project's duration
+strings (``interval_s = "2s"``; b300.config.duration: no unit under a second). The defaults and
 the false-positive rate they give are derived in docs/design/liveness.md from the
 measurements in docs/benchmarks.md ("Liveness checks").
 """
@@ -8,9 +9,11 @@ measurements in docs/benchmarks.md ("Liveness checks").
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..config.duration import duration_seconds
 
 
 class LivenessConfig(BaseModel):
@@ -25,9 +28,17 @@ class LivenessConfig(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    #: Check the nodes of running attempts actively (needs [drift]'s SSH settings for the
-    #: confirmation; else off, logged once).
+    #: Check the nodes of running attempts actively.
     enabled: bool = True
+    #: The check of every node in use every interval: "icmp" (ICMP echo), "syn" (a
+    #: half-open TCP handshake to the slurmd port: a RST is an answer) or "connect" (a full
+    #: TCP connect to slurmd: a refused slurmd is a miss; slurmd logs two lines per check).
+    primary: Literal["icmp", "syn", "connect"] = "icmp"
+    #: The independent second check of a suspect node: "syn", "icmp", "connect", or
+    #: "ssh" (an SSH round trip with [drift]'s keys and node list).
+    confirm: Literal["syn", "icmp", "connect", "ssh"] = "syn"
+    #: The port of the "syn" and "connect" checks; unset: each node's slurmd port (from Slurm).
+    port: int | None = Field(default=None, ge=1, le=65535)
     #: Seconds between two primary checks of every node in use (one batch per interval).
     interval_s: float = Field(default=1.0, ge=0.2, le=60.0)
     #: A primary check without an answer after this many seconds is a miss. Linux
@@ -49,8 +60,17 @@ class LivenessConfig(BaseModel):
     #: its silences are not counted.
     mass_silence_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
 
+    @field_validator("interval_s", "timeout_s", "confirm_window_s", "confirm_timeout_s", "recheck_s",
+                     mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return duration_seconds(value) if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _timeout_fits_interval(self) -> LivenessConfig:
+        if self.primary == self.confirm:
+            raise ValueError(f"confirm ({self.confirm!r}) must differ from primary ({self.primary!r}): "
+                             "a node is dead only when two independent checks fail")
         if self.timeout_s >= self.interval_s:
             raise ValueError(f"timeout_s ({self.timeout_s:g}) must be shorter than interval_s "
                              f"({self.interval_s:g}): every check of a round ends before the next")

@@ -66,6 +66,11 @@ class LivenessMonitor:
         self._confirming: Future[list[ConfirmResult]] | None = None
         self._confirm_nodes: tuple[str, ...] = ()
         self._queued: list[str] = []
+        self._targets: dict[str, Target] = {}
+
+    def target(self, node: str) -> Target | None:
+        """Where ``node`` was checked in the last round (for a host-probe confirmation)."""
+        return self._targets.get(node)
 
     @property
     def states(self) -> Mapping[str, NodeLiveness]:
@@ -75,6 +80,7 @@ class LivenessMonitor:
         """Check ``targets`` once (within ``interval_s``) and return what was decided."""
         decisions: list[Decision] = []
         decisions += self._collect(now)
+        self._targets = {t.node: t for t in targets}
         results = self._prober.check(targets, self._config.interval_s)
         step = observe_checks(self._states, results, now, self._config)
         self._states = step.states

@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -46,6 +47,9 @@ from ..liveness.records import Decision, Target, Verdict
 from ..liveness.slurm_addr import targets_for
 from ..model import Attempt, AttemptState, RunState
 from .relaunch import Relaunch, StepRelauncher
+
+if TYPE_CHECKING:
+    from ..mode import Withheld
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -60,8 +64,14 @@ class NodeLossWatch:
 
     def __init__(self, store: Store, slurm: SlurmClient, monitor: LivenessMonitor, *,
                  lock: threading.Lock, clock: Clock, wake: Callable[[], None],
-                 settle_s: float, relauncher: StepRelauncher | None = None) -> None:
-        self._relauncher = relauncher
+                 settle_s: float, relauncher: StepRelauncher | None = None, act: bool = True,
+                 withheld: Withheld | None = None) -> None:
+        """``act=False`` (observe mode, or [recovery] off): dead nodes are recorded and
+        alerted (``liveness.*`` events), and what would have been done (drain, DOWN,
+        cancel, relaunch) is recorded as withheld (``withheld``) instead of done."""
+        self._act_on = act
+        self._withheld = withheld
+        self._relauncher = relauncher if act else None
         self._store = store
         self._slurm = slurm
         self._monitor = monitor
@@ -116,10 +126,23 @@ class NodeLossWatch:
         dead = [d for d in report.dead if d.node in nodes]
         if not dead:
             return
+        if not self._act_on:
+            self._withhold(dead, running, now)
+            return
         with self._lock:
             for d in dead:
                 self._act(d, [a for a in running if d.node in a.nodes], self._clock())
         self._wake()
+
+    def _withhold(self, dead: list[Decision], running: list[Attempt], now: datetime) -> None:
+        """Observe only: the node is left as it is; one withheld record per dead node."""
+        for d in dead:
+            jobs = [a.slurm_job_id for a in running if d.node in a.nodes]
+            detail = f"would drain and set DOWN {d.node} (running jobs: {jobs or 'none'}): {d.evidence[:300]}"
+            if self._withheld is not None:
+                self._withheld("node_down", d.node, now, detail=detail, node=d.node)
+            else:
+                log.warning("liveness.action_withheld", node=d.node, detail=detail)
 
     def _nodes_in_use(self, now: datetime) -> tuple[list[Attempt], set[str]]:
         """Running attempts, and their nodes plus those of attempts that ended lately

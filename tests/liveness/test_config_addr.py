@@ -28,7 +28,9 @@ def test_defaults_are_documented_values() -> None:
 
 @pytest.mark.parametrize(("table", "message"), [
     ({"interval_s": True}, "liveness.interval_s: Input should be a valid number"),
-    ({"interval_s": "1s"}, "liveness.interval_s: Input should be a valid number"),
+    ({"interval_s": "soon"}, "liveness.interval_s: Value error, must be a duration"),
+    ({"primary": "connect", "confirm": "connect"}, "must differ from primary ('connect')"),
+    ({"primary": "ping"}, "liveness.primary: Input should be 'icmp', 'syn' or 'connect'"),
     ({"misses_to_suspect": 0}, "liveness.misses_to_suspect: Input should be greater than or equal to 1"),
     ({"misses_to_suspect": 2.0}, "liveness.misses_to_suspect: Input should be a valid integer"),
     ({"interval": 1}, "liveness.interval: Extra inputs are not permitted"),
@@ -38,6 +40,12 @@ def test_bad_values_are_one_line_naming_the_key(table: dict[str, object], messag
     with pytest.raises(ValueError, match=r"^liveness") as exc:
         load_liveness_config(table)
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_durations_take_the_project_strings() -> None:
+    c = load_liveness_config({"interval_s": "2s", "timeout_s": 1.5, "recheck_s": "1 min"})
+    assert (c.interval_s, c.timeout_s, c.recheck_s) == (2.0, 1.5, 60.0)
+    assert (c.primary, c.confirm, c.port) == ("icmp", "syn", None)
 
 
 def test_config_is_frozen() -> None:
