@@ -89,7 +89,7 @@ drill() { # the failure drill on a small training job; its result on one line
   echo "demo: submitted training run $run (checkpoints in $run_dir/ckpt)"
   # Wait (at most 3 minutes) until it trains past its first checkpoint.
   for _ in $(seq 1 180); do
-    step=$(tail -n 1 "$run_dir/progress.jsonl" 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["step"])' 2>/dev/null || echo 0)
+    step=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$run_dir/progress.json" 2>/dev/null || echo 0)
     compgen -G "$run_dir/ckpt/step_*/DONE" >/dev/null && ((step >= 7)) && break
     sleep 1
   done
@@ -130,8 +130,11 @@ print(f"demo: drill {rec['drill']} ({s.get('method')} {s.get('node')} at step {s
       f"allocated after {sec('allocation_s')}); {f.get('outcome', 'not finished')}, node {f.get('returned', '-')}; "
       f"drill took {sys.argv[4]} s")
 if f.get("training_s") is not None:
-    print(f"demo: Slurm said node {s.get('node')} was '{slurm_said(s.get('node'), f['training_s'])}' when the run "
-          f"trained again (SlurmdTimeout=300 s: Slurm had not yet seen the node die)")
+    said = slurm_said(s.get("node"), f["training_s"])
+    why = ("Slurm had noticed the node by itself" if "down" in said or said.endswith("*") else
+           "not DOWN, not even not-responding: with SlurmdTimeout=300 s Slurm had not noticed; "
+           "a drain is the daemon's own")
+    print(f"demo: when the run trained again, Slurm said node {s.get('node')} was '{said}' ({why})")
 sys.exit(0 if f.get("outcome") == "trained again" else 1)
 PY
 }

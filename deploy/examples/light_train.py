@@ -12,9 +12,11 @@ fails the step and the job exits 1, as NCCL/gloo would.
 Checkpoints (the ``generic`` layout): every ``--ckpt-every`` steps rank 0 writes
 ``$B300_CHECKPOINT_DIR/step_<N>/state.json`` then ``DONE``, in a hidden folder renamed
 into place, so a listed ``step_<N>`` is always whole. At start it resumes from
-``$B300_RESUME_FROM``, else from the newest ``step_<N>`` holding ``DONE``. Rank 0 appends
-progress protocol v1 lines (docs/design/progress.md) to ``$B300_PROGRESS_FILE`` every
-step, with ``ckpt_begin``/``ckpt_end`` around each save.
+``$B300_RESUME_FROM``, else from the newest ``step_<N>`` holding ``DONE``. Rank 0 reports
+progress to ``$B300_PROGRESS_FILE`` every step (docs/design/progress.md): a path ending in
+``.jsonl`` gets protocol v1 lines appended (with ``ckpt_begin``/``ckpt_end`` around each
+save), any other path the snapshot form, ``{"step": N, "time": T, "loss": L}`` replaced
+whole, which every reader of the daemon takes (hang detection and drills included).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def _save(root: Path, step: int, weights: list[float]) -> Path:
 
 
 class _Progress:
-    """Progress protocol v1 lines, one ``write()`` each on an O_APPEND descriptor."""
+    """Progress protocol v1 lines, one ``write()`` each on an O_APPEND descriptor (a
+    ``.jsonl`` path), else a snapshot of the last step line replaced whole."""
 
     def __init__(self, pattern: str, rank: int, host: str) -> None:
         self._path = pattern.replace("{host}", host).replace("{rank}", str(rank)) if pattern else ""
@@ -89,6 +92,13 @@ class _Progress:
 
     def line(self, **fields: object) -> None:
         if not self._path:
+            return
+        if not self._path.endswith(".jsonl"):
+            if "event" not in fields:
+                tmp = f"{self._path}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump({"time": time.time(), **fields}, f)
+                os.replace(tmp, self._path)
             return
         data = json.dumps({**self._base, "time": time.time(), **fields}) + "\n"
         fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
