@@ -68,7 +68,8 @@ def _recv(f: object) -> list[float]:
 
 
 def _newest_checkpoint(root: Path) -> Path | None:
-    found = [(int(p.name[5:]), p) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / "DONE").exists()]
+    found = [(int(p.name[5:]), p) for p in root.glob("step_*")
+             if p.name[5:].isdigit() and (p / "DONE").exists()]
     return max(found)[1] if found else None
 
 
