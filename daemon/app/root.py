@@ -243,6 +243,8 @@ def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: thr
     chosen = choose(cfg, ssh_ready=ssh_ready)
     for note in chosen.notes:
         log.warning("liveness.probe_unavailable", note=note)
+    if not chosen.confirm:
+        return None
     primary = prober(chosen.primary, cfg, cfg.timeout_s)
     confirmer: Confirmer
     if chosen.confirm == "ssh":

@@ -54,7 +54,8 @@ def prober(kind: str, config: LivenessConfig, timeout_s: float) -> PrimaryProber
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The checks that will run, and one line for each that had to fall back."""
+    """The checks that will run (``confirm`` empty: none can confirm here, liveness is off),
+    and one line for each configured check that cannot run."""
 
     primary: str
     confirm: str
@@ -62,28 +63,29 @@ class Choice:
 
 
 def choose(config: LivenessConfig, *, ssh_ready: bool, probe: Callable[[str], str] = can_run) -> Choice:
-    """The checks to run for ``config``: each configured one that can run here, else "connect"
-    (never the same as the other: then the confirmation is what can run of syn/icmp/connect)."""
+    """The checks to run for ``config``: each configured one that can run here; else the
+    primary falls back to "connect" and the confirmation to the first of syn, icmp,
+    connect, ssh that can run and differs from the primary; with none, liveness is off."""
+    def why_not(kind: str) -> str:
+        if kind == "ssh":
+            return "" if ssh_ready else "it needs [drift]'s SSH settings and nodes"
+        why = probe(kind) if kind in HOW_TO_ENABLE else ""
+        return f"{why}; to use it, {HOW_TO_ENABLE[kind]}" if why else ""
+
     notes = []
     primary: str = config.primary
-    why = probe(primary) if primary in HOW_TO_ENABLE else ""
-    if why:
-        notes.append(f"primary = {primary!r} cannot run: {why}; to use it, {HOW_TO_ENABLE[primary]}; "
-                     "checking with 'connect' (a TCP connect to slurmd) instead")
+    if why := why_not(primary):
+        notes.append(f"primary = {primary!r} cannot run: {why}; checking with 'connect' "
+                     "(a TCP connect to slurmd: two slurmd log lines per check) instead")
         primary = "connect"
     confirm: str = config.confirm
-    if confirm == "ssh" and not ssh_ready:
-        why = "it needs [drift]'s SSH settings and nodes"
-    else:
-        why = probe(confirm) if confirm in HOW_TO_ENABLE else ""
-        if why:
-            why = f"{why}; to use it, {HOW_TO_ENABLE[confirm]}"
-    if why or confirm == primary:
-        spare = next((k for k in ("syn", "icmp", "connect") if k != primary
-                      and (k not in HOW_TO_ENABLE or not probe(k))), "connect")
-        notes.append(f"confirm = {config.confirm!r} cannot run: {why or 'same as the primary'}; "
-                     f"confirming with {spare!r} instead")
-        confirm = spare
+    why = why_not(confirm) or ("it is the primary check now" if confirm == primary else "")
+    if why:
+        spare: tuple[str, ...] = ("syn", "icmp", "connect", "ssh")
+        confirm = next((k for k in spare if k != primary and not why_not(k)), "")
+        instead = f"confirming with {confirm!r} instead" if confirm else \
+            "no independent confirmation can run here: liveness is off; failures are found by Slurm alone"
+        notes.append(f"confirm = {config.confirm!r} cannot run: {why}; {instead}")
     return Choice(primary, confirm, tuple(notes))
 
 

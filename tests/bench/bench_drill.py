@@ -229,6 +229,7 @@ def one_drill(base: Path, conf: str, mode: str, poll: str, sim: dn.Sim, n: int) 
         f"[drift]\nknown_hosts = {json.dumps(str(sim.known_hosts))}\nkey_file = {json.dumps(str(sim.key))}\n"
         f'command_timeout = "5s"\nprobes = ["nccl"]\n[drift.nodes]\n{nodes}'
         f"[liveness]\nenabled = {'true' if mode == 'active' else 'false'}\n"
+        "primary = 'connect'\nconfirm = 'ssh'\n"
         f'[drill]\ncrash_command = ["/bin/bash", {json.dumps(str(crash))}, "{{node}}"]\n')
     train = f"srun {sys.executable} {TRAIN} {TRAIN_ARGS}"
     spec = work / "job.toml"

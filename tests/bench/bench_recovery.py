@@ -259,7 +259,8 @@ def busy_run(base: Path, conf: str, sim: dn.Sim, mode: str, n: int, busy_s: floa
         else:
             cfg = (f'[daemon]\nmode = "act"\nstate_dir = "{state}"\npoll_interval = "1s"\nlog_format = "json"\n'
                    f'[slurm]\nbackend = "cli"\nconf = "{conf}"\n[recovery]\nsettle = "5s"\n'
-                   + dn.drift_section(sim) + "[liveness]\nenabled = true\n")
+                   + dn.drift_section(sim)
+                   + "[liveness]\nenabled = true\nprimary = 'connect'\nconfirm = 'ssh'\n")
             if mode == "pool":
                 cfg += ('[spares]\nenabled = true\nrefill_interval_s = 2.0\n'
                         '[[spares.pool]]\npartition = "batch"\nnodes = 2\n')

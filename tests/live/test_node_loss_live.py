@@ -82,7 +82,7 @@ def node_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
 def _daemon(tmp_path: Path, cluster: SlowCluster, sim: Sim) -> DaemonHandle:
     d = make_daemon(tmp_path, cluster.conf, poll_interval="1s")
     with d.config.open("a") as f:
-        f.write(dn.drift_section(sim) + "[liveness]\nenabled = true\n")
+        f.write(dn.drift_section(sim) + "[liveness]\nenabled = true\nprimary = 'connect'\nconfirm = 'ssh'\n")
     d.env = {**cluster.env, "SLURM_CONF": cluster.conf}
     d.start()
     return d
