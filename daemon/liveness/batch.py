@@ -15,9 +15,13 @@ than half the timeout (the daemon starved of CPU) reports its silences as
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import selectors
+import socket
+import struct
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -128,10 +132,38 @@ def errname(rc: int | None) -> str:
 
 
 def checksum(data: bytes) -> int:
-    """The Internet checksum (RFC 1071) of ``data``."""
+    """The Internet checksum (RFC 1071) of ``data``, as a number to pack big-endian.
+
+    Summed in the machine's byte order (16-bit words through a memoryview: no Python loop)
+    and swapped at the end: the one's-complement sum does not depend on the order."""
     if len(data) % 2:
         data += b"\0"
-    total = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    total = sum(memoryview(data).cast("H"))
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
+    result = ~total & 0xFFFF
+    return result if sys.byteorder == "big" else ((result >> 8) | (result << 8)) & 0xFFFF
+
+
+_SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+# Classic BPF opcodes, for a raw socket's packet (it starts at the IP header).
+LDX_IP_HEADER_LEN = 0xB1   # X = 4 * (packet[0] & 0xf)
+LD_BYTE_AT_X = 0x50        # A = packet[X + k] (1 byte)
+LD_HALF_AT_X = 0x48        # A = packet[X + k : X + k + 2] (network order)
+JEQ = 0x15                 # if A == k: skip jt, else skip jf
+RET = 0x06                 # accept k bytes (0: drop)
+Instruction = tuple[int, int, int, int]
+
+
+def attach_filter(sock: socket.socket, program: Sequence[Instruction]) -> bool:
+    """Let the kernel drop what ``sock`` need not read (a raw socket gets a copy of every
+    packet of its protocol on the host); False when it refused (every packet is then read
+    and matched here, which is slower, not wrong)."""
+    code = b"".join(struct.pack("=HBBI", op, jt, jf, k) for op, jt, jf, k in program)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = struct.pack("HP", len(program), ctypes.addressof(buf))  # struct sock_fprog, native layout
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, prog)
+    except OSError:
+        return False
+    return True

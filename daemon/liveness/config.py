@@ -41,19 +41,20 @@ class LivenessConfig(BaseModel):
     port: int | None = Field(default=None, ge=1, le=65535)
     #: Seconds between two primary checks of every node in use (one batch per interval).
     interval_s: float = Field(default=1.0, ge=0.2, le=60.0)
-    #: A primary check without an answer after this many seconds is a miss. Linux
-    #: resends a lost SYN after 1 s, so a value under 1 s counts one lost packet as one miss.
+    #: A primary check without an answer after this many seconds is a miss (every check
+    #: sends one packet, or one SYN: a value under 1 s keeps Linux from resending it).
     timeout_s: float = Field(default=0.8, gt=0.0, le=30.0)
     #: Misses in a row that make a node suspect (and start the confirmation check).
     misses_to_suspect: int = Field(default=3, ge=1, le=100)
     #: Seconds a suspect node has to answer either check before it is confirmed dead.
     confirm_window_s: float = Field(default=1.0, ge=0.0, le=600.0)
-    #: Budget of one confirmation check (SSH connect, host key, authentication).
+    #: Budget of one confirmation check (one SYN or echo; or SSH connect, host key, authentication).
     confirm_timeout_s: float = Field(default=1.5, gt=0.0, le=60.0)
     #: A node whose primary check misses but which answers the confirmation is
     #: confirmed again after this many seconds (it may die later).
     recheck_s: float = Field(default=30.0, gt=0.0, le=3600.0)
-    #: At most this many checks in flight at once (file descriptors).
+    #: At most this many connect checks in flight at once (file descriptors); the ICMP and
+    #: SYN checks use one socket per round and allow at least 1,024 waiting answers.
     max_in_flight: int = Field(default=512, ge=1, le=65536)
     #: A round in which more than this fraction of the nodes went silent (at least two
     #: of them) says more about the login node's own network than about the nodes:

@@ -24,7 +24,18 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
-from .batch import Answer, checksum, errname, run_batch
+from .batch import (
+    JEQ,
+    LD_BYTE_AT_X,
+    LD_HALF_AT_X,
+    LDX_IP_HEADER_LEN,
+    RET,
+    Answer,
+    attach_filter,
+    checksum,
+    errname,
+    run_batch,
+)
 from .records import CheckOutcome, CheckResult, Target
 
 _ECHO_REQUEST, _ECHO_REPLY, _UNREACH, _TIME_EXCEEDED = 8, 0, 3, 11
@@ -32,6 +43,12 @@ _IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
 _MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
 _SO_EE_ORIGIN_ICMP = 2
 _MAX_TARGETS = 65536  # sequence numbers are 16 bits: one per target of a round
+_HEADER = struct.Struct("!BBHHH")
+
+
+def _ones_sum(data: bytes) -> int:
+    """The folded one's-complement sum of ``data`` (its checksum is ``~sum``)."""
+    return ~checksum(data) & 0xFFFF
 
 
 def open_icmp_socket() -> tuple[socket.socket, bool]:
@@ -94,6 +111,20 @@ class _EchoSocket:
                 continue
         if dgram:
             sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
+        else:
+            # A raw socket gets every ICMP packet of the host: keep echo replies with our
+            # identifier and the errors (unreachable, time exceeded), nothing else.
+            attach_filter(sock, [
+                (LDX_IP_HEADER_LEN, 0, 0, 0), (LD_BYTE_AT_X, 0, 0, 0),
+                (JEQ, 0, 2, _ECHO_REPLY), (LD_HALF_AT_X, 0, 0, 4), (JEQ, 2, 3, self._ident),
+                (JEQ, 1, 0, _UNREACH), (JEQ, 0, 1, _TIME_EXCEEDED), (RET, 0, 0, 0xFFFF), (RET, 0, 0, 0)])
+            for _ in range(100_000):  # what arrived before the filter
+                try:
+                    sock.recv(2048)
+                except OSError:
+                    break
+        # The checksum of a request is the fixed part's sum plus the sequence number's.
+        self._fixed = _ones_sum(struct.pack("!BBHH", _ECHO_REQUEST, 0, 0, self._ident) + self._token)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -104,9 +135,9 @@ class _EchoSocket:
         if position >= _MAX_TARGETS:
             return errno.E2BIG
         seq = (self._base + position) & 0xFFFF
-        header = struct.pack("!BBHHH", _ECHO_REQUEST, 0, 0, self._ident, seq)
-        body = self._token
-        packet = struct.pack("!BBHHH", _ECHO_REQUEST, 0, checksum(header + body), self._ident, seq) + body
+        total = self._fixed + seq
+        total = (total & 0xFFFF) + (total >> 16)
+        packet = _HEADER.pack(_ECHO_REQUEST, 0, ~total & 0xFFFF, self._ident, seq) + self._token
         try:
             self._sock.sendto(packet, (target.host, 0))
         except OSError as exc:

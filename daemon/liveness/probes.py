@@ -42,13 +42,14 @@ def can_run(kind: str) -> str:
 
 def prober(kind: str, config: LivenessConfig, timeout_s: float) -> PrimaryProber:
     """The prober of a host-level ``kind`` ("icmp", "syn", "connect")."""
+    connect = _PortProber(TcpProber(timeout_s=timeout_s, max_in_flight=config.max_in_flight), config.port)
+    batch = max(config.max_in_flight, 1024)  # one socket a round: answers waiting, not descriptors
     if kind == "icmp":
-        return IcmpProber(timeout_s=timeout_s, max_in_flight=max(config.max_in_flight, 1024))
+        return _Ipv4Only(IcmpProber(timeout_s=timeout_s, max_in_flight=batch), connect)
     if kind == "syn":
-        return SynProber(timeout_s=timeout_s, max_in_flight=max(config.max_in_flight, 1024),
-                         port=config.port)
+        return _Ipv4Only(SynProber(timeout_s=timeout_s, max_in_flight=batch, port=config.port), connect)
     if kind == "connect":
-        return _PortProber(TcpProber(timeout_s=timeout_s, max_in_flight=config.max_in_flight), config.port)
+        return connect
     raise ValueError(f"unknown probe {kind!r}")
 
 
@@ -141,3 +142,24 @@ class _PortProber:
         if self._port is not None:
             targets = [Target(t.node, t.host, self._port) for t in targets]
         return self._inner.check(targets, budget_s)
+
+
+class _Ipv4Only:
+    """A host probe for the IPv4 targets, the connect check for the IPv6 ones (the host
+    probes speak IPv4 only); one result per target, in order."""
+
+    def __init__(self, v4: PrimaryProber, v6: PrimaryProber) -> None:
+        self._v4 = v4
+        self._v6 = v6
+
+    def check(self, targets: Sequence[Target], budget_s: float) -> list[CheckResult]:
+        v6 = [i for i, t in enumerate(targets) if ":" in t.host]
+        if not v6:
+            return self._v4.check(targets, budget_s)
+        six = set(v6)
+        v4 = [i for i in range(len(targets)) if i not in six]
+        # One after the other, each within half the budget: a round still ends in time.
+        out: dict[int, CheckResult] = dict(zip(v4, self._v4.check([targets[i] for i in v4], budget_s / 2),
+                                               strict=True))
+        out.update(zip(v6, self._v6.check([targets[i] for i in v6], budget_s / 2), strict=True))
+        return [out[i] for i in range(len(targets))]

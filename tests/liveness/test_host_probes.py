@@ -19,7 +19,7 @@ from b300.liveness.config import LivenessConfig
 from b300.liveness.icmp import IcmpProber
 from b300.liveness.monitor import LivenessMonitor
 from b300.liveness.probes import ProbeConfirmer
-from b300.liveness.records import CheckOutcome, Target, Verdict
+from b300.liveness.records import CheckOutcome, Decision, Target, Verdict
 from b300.liveness.syn import SynProber
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,7 +89,7 @@ def test_loss_and_jitter_never_kill_a_live_host_at_the_defaults(host: netns.Host
     assert Verdict.DEAD not in [d.verdict for d in decisions], (how, decisions)
 
 
-def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list:  # type: ignore[type-arg]
+def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list[Decision]:
     """``n`` rounds at the default [liveness] (ICMP primary, SYN confirmation, 1 s apart)
     against ``nodes`` node names all at the namespace's address; every decision."""
     cfg = LivenessConfig()
@@ -99,7 +99,7 @@ def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list:  # type: ignore[type
                                lambda node: monitor.target(node), cfg.confirm_timeout_s, "syn")
     monitor = LivenessMonitor(cfg, primary, confirmer)
     targets = [Target(f"n{i}", h.addr, netns.OPEN_PORT) for i in range(nodes)]
-    out = []
+    out: list[Decision] = []
     try:
         for _ in range(n):
             start = time.monotonic()
@@ -108,3 +108,29 @@ def _rounds(h: netns.Host, n: int, nodes: int = 1) -> list:  # type: ignore[type
     finally:
         monitor.close()
     return out
+
+
+def test_without_cap_net_raw_the_icmp_datagram_socket_is_used_where_the_group_may(host: netns.Host) -> None:
+    """Inside the namespace (ping_group_range is per namespace), root's group allowed to
+    ping and CAP_NET_RAW dropped: the ICMP probe runs on a datagram socket and answers;
+    the SYN probe cannot run and says why."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv is not installed")
+    host.inside("sysctl", "-q", "net.ipv4.ping_group_range=0 0")
+    outer = host.addr.rsplit(".", 1)[0] + ".1"
+    script = ("from b300.liveness.icmp import IcmpProber, open_icmp_socket\n"
+              "from b300.liveness.probes import can_run\nfrom b300.liveness.records import Target\n"
+              "s, dgram = open_icmp_socket(); s.close(); print('dgram', dgram)\n"
+              f"rs = IcmpProber(timeout_s=0.8).check([Target('a', '127.0.0.1', 1), Target('b', '{outer}', 1),"
+              " Target('c', '10.99.99.99', 1)], 1.0)\n"
+              "print(*[(r.outcome.value) for r in rs]); print('syn', can_run('syn'))\n")
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-net_raw"]
+    out = subprocess.run(["ip", "netns", "exec", host.ns, *drop, sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=60, check=True)
+    lines = out.stdout.splitlines()
+    # 10.99.99.99: no route inside the namespace, the kernel says so at once.
+    assert lines[:2] == ["dgram True", "ok ok unreachable"], out
+    assert lines[2].startswith("syn ") and "permitted" in lines[2], out

@@ -124,3 +124,57 @@ def test_silence_to_both_is_dead_after_n_plus_the_window(before: int) -> None:
     dead = [i for i, v in verdicts if v is Verdict.DEAD]
     assert dead == [before + CFG.misses_to_suspect]  # N misses, then one round of window
     assert states["n1"].health is Health.DEAD
+
+
+def test_the_syn_probe_sends_segments_whose_checksum_verifies() -> None:
+    """The incremental checksum of the probe matches the one of :func:`tcp_segment`: the
+    segments the kernel answers are the ones the probe builds (answers from a real
+    listener, a wrong checksum would be dropped silently)."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        results = SynProber(timeout_s=0.5).check([Target("n1", "127.0.0.1", port),
+                                                  Target("n2", "127.0.0.3", port)], 1.0)
+    assert [(r.outcome, r.detail) for r in results] == [(CheckOutcome.OK, "syn-ack"), (CheckOutcome.OK, "rst")]
+
+
+def test_without_cap_net_raw_the_start_up_line_says_what_to_set() -> None:
+    """In a process without CAP_NET_RAW (and outside ping_group_range, as here): the real
+    socket refusals turn into the fallback and the line naming the capability and sysctl."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to start a process without CAP_NET_RAW")
+    script = ("from b300.liveness.config import LivenessConfig\nfrom b300.liveness.probes import choose\n"
+              "c = choose(LivenessConfig(), ssh_ready=False)\nprint(c.primary, repr(c.confirm))\n"
+              "print('\\n'.join(c.notes))\n")
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-net_raw"]
+    out = subprocess.run([*drop, sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    with open("/proc/sys/net/ipv4/ping_group_range") as f:
+        low, high = map(int, f.read().split())
+    if low <= 0 <= high:  # root's group may open ICMP datagram sockets here
+        assert out.startswith("icmp 'connect'"), out
+    else:
+        assert out.startswith("connect ''"), out
+        assert "CAP_NET_RAW" in out and "ping_group_range" in out and "liveness is off" in out, out
+
+
+def test_ipv6_nodes_get_the_connect_check_beside_the_ipv4_host_probe() -> None:
+    from b300.liveness.probes import prober
+
+    with socket.socket(socket.AF_INET6) as srv:
+        srv.bind(("::1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        targets = [Target("n1", "127.0.0.1", port), Target("n2", "::1", port), Target("n3", "127.0.0.2", port)]
+        results = prober("icmp", CFG, 0.5).check(targets, 1.0)
+    assert [(r.node, r.outcome, r.detail) for r in results] == [
+        ("n1", CheckOutcome.OK, "echo reply"), ("n2", CheckOutcome.OK, ""),
+        ("n3", CheckOutcome.OK, "echo reply")]
