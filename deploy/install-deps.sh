@@ -15,6 +15,7 @@ PKGS=(
   munge openssh-server openssh-client clustershell rsync
   mmdebstrap # newer Slurm releases in chroots (deploy/slurm-release.sh)
   procps iproute2 coreutils util-linux
+  nftables   # deploy/localcluster.sh B300_NETNS=1: partition, login-link, loss without netem
   python3-venv   # deploy/install.sh: a venv of the system python (tests/install)
   systemd    # systemd-analyze verify for deploy/b300d.service (not run as PID 1 here)
   chromium   # renders the weekly report's HTML to a PNG in the tests

@@ -68,6 +68,22 @@ class _StallingWriter(FileSystemWriter):
         return super().write_data(plan, planner)
 
 
+def _rendezvous_addr() -> str:
+    """Rank 0's address: the NodeAddr Slurm holds for the job's first node (127.0.0.1 on
+    the loopback local cluster, the node's own address in its network-namespace mode)."""
+    import re
+    import subprocess
+    try:
+        first = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.split()[0]
+        out = subprocess.run(["scontrol", "show", "node", "-o", first], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (KeyError, IndexError, OSError, subprocess.SubprocessError):
+        return "127.0.0.1"
+    m = re.search(r"\bNodeAddr=(\S+)", out)
+    return m.group(1) if m else "127.0.0.1"
+
+
 def _atomic_json(path: Path, data: dict[str, object]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
@@ -149,7 +165,7 @@ def main() -> int:
     port = 21000 + (job_id + 7919 * step_id
                     + zlib.crc32(os.environ.get("SLURM_CLUSTER_NAME", "").encode())) % 20000
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://{_rendezvous_addr()}:{port}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(seconds=600))
     torch.manual_seed(0)
     # A regression with a noise floor: the loss falls to ~0.25 and stays noisy there, as a
