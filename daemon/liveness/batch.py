@@ -98,14 +98,22 @@ def run_batch(sock: ProbeSocket, targets: Sequence[Target], budget_s: float, *, 
     for position, at in sent.items():
         results[position] = CheckResult(targets[position].node, CheckOutcome.NOT_CHECKED, end - at,
                                         "the round ended before its timeout")
+    return round_results(targets, results, late=late, timeout_s=timeout_s,
+                         unsent="not sent within this round's budget", missed="silence")
+
+
+def round_results(targets: Sequence[Target], results: dict[int, CheckResult], *, late: float,
+                  timeout_s: float, unsent: str, missed: str) -> list[CheckResult]:
+    """One result per target, in order: a target with none is NOT_CHECKED (``unsent``), and
+    a round whose loop woke up later than asked by more than half the timeout (the daemon
+    starved of CPU, stopped) reports its timeouts as NOT_CHECKED: the silence was ours."""
     stalled = late > timeout_s / 2
     out = []
     for i, t in enumerate(targets):
-        r = results.get(i) or CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0,
-                                          "not sent within this round's budget")
+        r = results.get(i) or CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, unsent)
         if stalled and r.outcome is CheckOutcome.TIMEOUT:
             r = CheckResult(t.node, CheckOutcome.NOT_CHECKED, r.latency_s,
-                            f"prober held up {late:.2f} s: silence not counted")
+                            f"prober held up {late:.2f} s: {missed} not counted")
         out.append(r)
     return out
 

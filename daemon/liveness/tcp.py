@@ -19,7 +19,6 @@ stopped) reports its timeouts as ``NOT_CHECKED`` too: the silence was ours.
 from __future__ import annotations
 
 import errno
-import os
 import selectors
 import socket
 import time
@@ -27,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .batch import errname, round_results
 from .records import CheckOutcome, CheckResult, Target
 
 _REFUSED = {errno.ECONNREFUSED, errno.ECONNRESET}
@@ -109,16 +109,8 @@ class TcpProber:
                     results[p.position] = CheckResult(
                         p.target.node, CheckOutcome.NOT_CHECKED, end - p.started,
                         "the round ended before its timeout")
-        stalled = late > self._timeout / 2
-        out = []
-        for i, t in enumerate(targets):
-            r = results.get(i) or CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0,
-                                              "not started within this round's budget")
-            if stalled and r.outcome is CheckOutcome.TIMEOUT:
-                r = CheckResult(t.node, CheckOutcome.NOT_CHECKED, r.latency_s,
-                                f"prober held up {late:.2f} s: timeout not counted")
-            out.append(r)
-        return out
+        return round_results(targets, results, late=late, timeout_s=self._timeout,
+                             unsent="not started within this round's budget", missed="timeout")
 
     def _start(self, position: int, t: Target, sel: selectors.BaseSelector, pending: dict[int, _Pending],
                by_start: deque[tuple[float, int, _Pending]], now: float) -> CheckResult | None:
@@ -126,7 +118,7 @@ class TcpProber:
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
-            return CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, f"socket: {_errname(exc.errno)}")
+            return CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, f"socket: {errname(exc.errno)}")
         sock.setblocking(False)
         rc = sock.connect_ex((t.host, t.port))
         if rc in (errno.EINPROGRESS, errno.EAGAIN):
@@ -152,7 +144,7 @@ def _finish(p: _Pending, now: float) -> CheckResult:
 def _outcome(t: Target, rc: int, latency: float) -> CheckResult:
     if rc == 0:
         return CheckResult(t.node, CheckOutcome.OK, latency)
-    name = _errname(rc)
+    name = errname(rc)
     if rc in _REFUSED:
         return CheckResult(t.node, CheckOutcome.REFUSED, latency, name)
     if rc in _UNREACHABLE:
@@ -162,9 +154,3 @@ def _outcome(t: Target, rc: int, latency: float) -> CheckResult:
     if rc in _OURS:
         return CheckResult(t.node, CheckOutcome.NOT_CHECKED, latency, name)
     return CheckResult(t.node, CheckOutcome.ERROR, latency, name)
-
-
-def _errname(rc: int | None) -> str:
-    if rc is None:
-        return "unknown error"
-    return f"{errno.errorcode.get(rc, str(rc))} ({os.strerror(rc)})"
