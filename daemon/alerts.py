@@ -6,7 +6,8 @@ the training-health findings (``training.loss_spike``, ``training.loss_nan``,
 a run stopped by the restart-loop breaker or a "do not restart" exit
 (``recovery.restart_loop``, ``recovery.no_restart``), and a burst of drains
 (``[alerts] drained_burst`` nodes drained within 10 minutes; one alert when the burst
-reaches the threshold). :func:`alerts_for` is pure.
+reaches the threshold), and a mass silence of the liveness checks (``liveness.partition``:
+many nodes silent at once, taken as the network's fault, nothing drained). :func:`alerts_for` is pure.
 
 A scheduled job scans the events after a cursor. The cursor survives restarts as
 events: ``alert.sent`` (one per delivered alert, with the event id) and
@@ -76,6 +77,13 @@ def alerts_for(new: Sequence[Event], recent_drains: Sequence[Event], drained_bur
         elif e.kind in TRAINING_STOPS:
             alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id} stopped: {e.data.get('why', '')}"[:300],
                                 run_id=e.run_id))
+        elif e.kind == Kind.LIVENESS_PARTITION:
+            nodes = tuple(str(n) for n in e.data.get("nodes") or ())
+            listed = ", ".join(nodes[:20]) + (" ..." if len(nodes) > 20 else "")
+            checked = e.data.get("checked", "?")
+            alerts.append(Alert(e.id, e.kind, e.ts, f"{len(nodes)} of {checked} nodes silent "
+                                f"at once (network partition or the login node's link; nothing drained): "
+                                f"{listed}"[:300], nodes=nodes))
         elif e.kind in DRAINS:
             burst = [d for d in drains if d.id <= e.id and d.ts >= e.ts - BURST_WINDOW]
             # One alert when the burst reaches the threshold, not one per further drain.

@@ -74,6 +74,9 @@ class Kind(enum.StrEnum):
     LIVENESS_CLEARED = "liveness.cleared"
     LIVENESS_DEAD = "liveness.dead"
     LIVENESS_RECOVERED = "liveness.recovered"
+    # many nodes silent in one round: the network, not the nodes (nothing drained)
+    LIVENESS_PARTITION = "liveness.partition"
+    LIVENESS_PARTITION_OVER = "liveness.partition_over"
     # failure drills (b300ctl drill): a node pulled out of a running job on purpose, measured
     DRILL_STARTED = "drill.started"
     DRILL_INJECTED = "drill.injected"
@@ -190,6 +193,8 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.LIVENESS_CLEARED: _LIVENESS,
     Kind.LIVENESS_DEAD: _LIVENESS,
     Kind.LIVENESS_RECOVERED: _LIVENESS,
+    Kind.LIVENESS_PARTITION: frozenset({"nodes", "checked", "note"}),
+    Kind.LIVENESS_PARTITION_OVER: frozenset({"nodes", "checked", "lasted_s"}),
     Kind.DRILL_STARTED: _DRILL,
     Kind.DRILL_INJECTED: _DRILL,
     Kind.DRILL_FINISHED: _DRILL,

@@ -64,7 +64,7 @@ def run_detail(store: Store, run_id: str, *, now: datetime, state_dir: str) -> d
     attempts = [attempt_to_dict(a) for a in stored]
     if attempts:
         attempts[-1]["exclusions"] = _exclusions(store, stored[-1])
-    events = [{"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor,
+    events = [{"id": e.id, "ts": e.ts.isoformat(), "kind": e.kind, "node": e.node, "actor": e.actor,
                "attempt_id": e.attempt_id, "data": e.data}
               for e in store.events(run_id=run_id)]
     return {"run": run_to_dict(run), "attempts": attempts, "events": events,

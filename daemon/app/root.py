@@ -21,6 +21,7 @@ from ..checkpoints.config import CheckpointsConfig
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config, trigger_program
 from ..cycle.pipeline import PollCycle
+from ..cycle.requeues import RequeueReconciler
 from ..cycle.track import AttemptTracker
 from ..cycle.view import ClusterObserver
 from ..drift.watch import DriftWatch, make_drift_watch
@@ -141,7 +142,9 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
                       recoverer=recoverer, hangs=hangs, training=training,
-                      spares=spares if policy.reservations else None)
+                      spares=spares if policy.reservations else None,
+                      requeues=RequeueReconciler(store, slurm, actions, clock, config.recovery.settle_s)
+                      if recovery_on else None)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)

@@ -25,12 +25,12 @@ from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
 from ..control import Peer, is_admin
 from ..control_client import refusal
+from ..cycle.node_actions import NodeActions
 from ..drift.watch import DriftWatch
 from ..drill.watch import DrillWatch
 from ..errors import B300Error, NotFoundError, UsageError
-from ..events import Kind
 from ..fence import Fence
-from ..interfaces import NewEvent, SlurmClient, Store
+from ..interfaces import SlurmClient, Store
 from ..lease import FencedError
 from ..model import Run, attempt_to_dict, run_to_dict
 from ..run_actions import RunActions
@@ -182,8 +182,7 @@ class ControlRouter:
         known = {n.name for n in self._store.list_nodes()}
         if known and node not in known:
             raise NotFoundError(f"unknown node {node!r}")
-        self._slurm.resume_node(node)
-        self._store.append_events([NewEvent(Kind.NODE_RESUMED, node=node, actor=actor)], self._clock())
+        NodeActions(self._store, self._slurm, self._clock).resume(node, actor=actor)
         return {"node": node}
 
     def _drift_scan(self, request: rq.DriftScan, actor: str) -> dict[str, Any]:

@@ -10,8 +10,11 @@ One :meth:`PollCycle.run_once`:
 3. **track** (:class:`~b300.cycle.track.AttemptTracker`): what the view means for
    each tracked attempt (pure, :func:`~b300.cycle.observe.observe_attempt`), written
    in one transaction; the recorded changes come back;
-4. **act on the changes**: a job Slurm requeued itself is kept off the nodes that
-   failed it (:meth:`Recoverer.on_requeued`); running attempts' progress is read and
+4. **reconcile** (level-triggered: what is recorded and not yet done is decided again
+   every cycle, so a crash between the tracker's commit and an action loses nothing):
+   a job Slurm requeued itself is kept off the nodes that failed it and those are
+   drained (:class:`~b300.cycle.requeues.RequeueReconciler`, from the
+   ``attempt.requeued`` record the tracker wrote with the state change); running attempts' progress is read and
    judged (:class:`~b300.training.watch.TrainingWatch`: loss spikes, NaN, throughput,
    stragglers, stalled checkpoint writes; an ended attempt's files are read a last
    time); running attempts whose training stopped advancing are cancelled
@@ -33,13 +36,15 @@ from datetime import datetime
 import structlog
 
 from ..errors import SlurmError
+from ..faults import crashpoint
 from ..interfaces import SlurmClient, Store
-from ..model import AttemptState
+from ..model import Attempt, AttemptState, RunState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
 from ..spares.watch import SparePools
 from ..training.watch import TrainingWatch
+from .requeues import RequeueReconciler
 from .track import AttemptTracker
 from .view import ClusterObserver
 
@@ -76,7 +81,9 @@ class PollCycle:
         hangs: HangWatch | None = None,
         training: TrainingWatch | None = None,
         spares: SparePools | None = None,
+        requeues: RequeueReconciler | None = None,
     ) -> None:
+        self._requeues = requeues
         self._spares = spares
         self._store = store
         self._slurm = slurm
@@ -107,20 +114,22 @@ class PollCycle:
         report.errors += view.errors
         changes = self.tracker.apply(tracked, view)
         report.changed += len(changes)
+        if any(c.requeued for c in changes):
+            crashpoint("requeue_recorded")
         if self._training is not None:
-            # Before recovery: an ended attempt's last lines (its exit intent) are read first.
+            # Before recovery: an ended attempt's last lines (its exit intent) are read first:
+            # those that ended this cycle, and (level-triggered) every ended attempt recovery
+            # has not classified yet, in case a crash came between their end and this read.
             with _watch_guard("training", report):
                 for c in changes:
                     if c.after.state.is_terminal and not c.before.state.is_terminal:
                         self._training.finish(c.after)
+                for attempt in self._unclassified_ends():
+                    self._training.finish(attempt)
                 self._training.check(self._store.active_attempts())
         try:
-            if self._recoverer is not None:
-                for c in changes:
-                    if c.requeued:
-                        with structlog.contextvars.bound_contextvars(run=c.after.run_id,
-                                                                     job_id=c.after.slurm_job_id):
-                            self._recoverer.on_requeued(c.before, c.after, view)
+            if self._requeues is not None:
+                report.changed += self._requeues.reconcile(view.nodes)
             if self._hangs is not None:
                 with _watch_guard("hangs", report):
                     self._hangs.check(self._store.active_attempts())
@@ -138,6 +147,18 @@ class PollCycle:
         report.cpu_s = time.process_time() - cpu0
         report.wall_s = time.monotonic() - wall0
         return report
+
+
+    def _unclassified_ends(self) -> list[Attempt]:
+        """The last attempts of RECOVERING runs that ended and are not classified yet."""
+        if self._recoverer is None:
+            return []
+        found = []
+        for run in self._store.list_runs([RunState.RECOVERING]):
+            last = self._store.attempts(run.id)[-1:]
+            if last and last[0].state.is_terminal and not last[0].outcome:
+                found.append(last[0])
+        return found
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ outage, one when it answers again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -17,7 +17,8 @@ import structlog
 
 from ..events import ACCOUNTING, Kind
 from ..interfaces import AttemptUpdate, NewEvent, Store
-from ..model import Attempt, AttemptState, JobObservation, RunState
+from ..model import Attempt, AttemptState, JobObservation, NodeRecord, RunState
+from ..recovery.classify import node_is_bad
 from .observe import AttemptChange, observe_attempt, run_state_for
 from .view import ClusterView
 
@@ -95,7 +96,7 @@ class AttemptTracker:
                                    view.accounted.get(attempt.slurm_job_id), now)
             if change is not None:
                 changes.append((attempt, change))
-        return self._record(changes, now)
+        return self._record(changes, now, view.nodes)
 
     def _observe(self, attempt: Attempt, live: JobObservation | None,
                  accounted: JobObservation | None, now: datetime) -> AttemptChange | None:
@@ -109,9 +110,13 @@ class AttemptTracker:
             now=now, accounting_grace_s=self._grace,
         )
 
-    def _record(self, changes: list[tuple[Attempt, AttemptChange]], now: datetime) -> list[TrackedChange]:
+    def _record(self, changes: list[tuple[Attempt, AttemptChange]], now: datetime,
+                nodes_now: Mapping[str, NodeRecord]) -> list[TrackedChange]:
         updates = []
         for attempt, change in changes:
+            events = [change.event] if change.event else []
+            if attempt.state is AttemptState.RUNNING and change.state is AttemptState.PENDING:
+                events += self._requeue_events(attempt, nodes_now)
             state = run_state_for(replace(attempt, state=change.state))
             if (change.state.is_terminal and change.state is not AttemptState.COMPLETED
                     and self._recovering):
@@ -119,8 +124,7 @@ class AttemptTracker:
             updates.append(AttemptUpdate(
                 attempt.id, state=change.state, nodes=change.nodes, reason=change.reason,
                 exit_code=change.exit_code, signal=change.signal, start=change.start,
-                end=change.end, events=[change.event] if change.event else (),
-                run_state=state))
+                end=change.end, events=events, run_state=state))
         done = self._store.update_attempts(updates, now)
         tracked = []
         for (attempt, change), updated in zip(changes, done, strict=True):
@@ -137,6 +141,20 @@ class AttemptTracker:
                                       f"{updated.state.value} on {','.join(updated.nodes) or '-'}: "
                                       "recovery would classify it, drain its bad nodes and resubmit")
         return tracked
+
+    def _requeue_events(self, attempt: Attempt, nodes_now: Mapping[str, NodeRecord]) -> list[NewEvent]:
+        """Slurm requeued the running job itself: the record that :mod:`b300.cycle.requeues`
+        acts on (the nodes it showed bad now, and with recovery on their strikes), written in
+        the same transaction as the state change so that no crash can lose it."""
+        bad = [n for n in attempt.nodes if node_is_bad(nodes_now.get(n))]
+        log.warning("attempt.requeued", run=attempt.run_id, job_id=attempt.slurm_job_id, suspects=bad)
+        events = [NewEvent(Kind.ATTEMPT_REQUEUED, run_id=attempt.run_id, attempt_id=attempt.id,
+                           data={"job_id": attempt.slurm_job_id, "nodes": list(attempt.nodes),
+                                 "suspects": bad})]
+        if self._recovering:
+            events += [NewEvent(Kind.NODE_FAILED, run_id=attempt.run_id, attempt_id=attempt.id, node=n,
+                                data={"job_id": attempt.slurm_job_id, "outcome": "REQUEUED"}) for n in bad]
+        return events
 
     def _accounting_failed(self, error_text: str) -> None:
         """Count the failure; warn (log and event) once per outage, not once per cycle."""

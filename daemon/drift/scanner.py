@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
+from ..cycle.node_actions import NodeActions
 from ..errors import SlurmError, UsageError
 from ..interfaces import DriftProbe, DriftRepository, NodeCommandRunner, SlurmClient, Store
 from ..plugin_registry import PluginRegistry
@@ -63,6 +64,8 @@ class DriftScanner:
         self.config = config
         self.store = store
         self.slurm = slurm
+        # Drains and resumes go through the node executor; the drift store records them.
+        self._nodes = NodeActions(None, slurm, lambda: datetime.now(UTC))
         self.probes = dict(probes)
         self.runner = runner
         self.actor = actor
@@ -144,7 +147,8 @@ class DriftScanner:
                 errors.append(failures[-1][1])
                 continue
             try:
-                self.slurm.drain_node(node, reason)
+                # Recorded by the drift store (its own table and drift.drained).
+                self._nodes.drain(node, reason, nodes_now={}, record=False)
             except SlurmError as exc:
                 errors.append(f"drain {node}: {exc}")
                 failures.append((node, errors[-1]))
@@ -159,7 +163,7 @@ class DriftScanner:
                 continue
             if node in plan.resume:
                 try:
-                    self.slurm.resume_node(node)
+                    self._nodes.resume(node, record=False)
                 except SlurmError as exc:
                     errors.append(f"resume {node}: {exc}")
                     failures.append((node, errors[-1]))

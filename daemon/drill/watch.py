@@ -28,6 +28,7 @@ import structlog
 from ..checkpoints.layouts import load_layout
 from ..checkpoints.resume_point import newest_verified
 from ..config import Config
+from ..cycle.node_actions import NodeActions
 from ..errors import B300Error, NotFoundError, SlurmError, UsageError
 from ..events import DRILLS, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
@@ -162,7 +163,7 @@ class DrillWatch:
 
     def _inject(self, drill: int, node: str, method: str, actor: str) -> str:
         if method == "down":
-            self._slurm.down_node(node, f"b300 drill {drill} by {actor}")
+            NodeActions(self._store, self._slurm, self._clock).down(node, f"b300 drill {drill} by {actor}")
             return ""
         argv = node_argv(self._config().drill.crash_command, node)
         return self._command(argv, "crash")
@@ -278,9 +279,7 @@ class DrillWatch:
         try:
             with self._lock:
                 self._fence(f"drill {d.id}: resume {d.node}")
-                self._slurm.resume_node(d.node)
-                self._store.append_events([NewEvent(Kind.NODE_RESUMED, node=d.node, actor="drill")],
-                                          self._clock())
+                NodeActions(self._store, self._slurm, self._clock).resume(d.node, actor="drill")
         except SlurmError as exc:
             log.warning("drill.resume_failed", node=d.node, error=str(exc))
             return f"not returned: {exc}"

@@ -56,9 +56,10 @@ class LivenessConfig(BaseModel):
     #: At most this many connect checks in flight at once (file descriptors); the ICMP and
     #: SYN checks use one socket per round and allow at least 1,024 waiting answers.
     max_in_flight: int = Field(default=512, ge=1, le=65536)
-    #: A round in which more than this fraction of the nodes went silent (at least two
-    #: of them) says more about the login node's own network than about the nodes:
-    #: its silences are not counted.
+    #: A round in which at least this fraction of the nodes went silent (and at least two
+    #: of them) says more about the network (a partition, a switch, the login node's own
+    #: link) than about the nodes: its silences are not counted, nothing is drained, and a
+    #: ``liveness.partition`` event (an alert) names the silent nodes.
     mass_silence_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
 
     @field_validator("interval_s", "timeout_s", "confirm_window_s", "confirm_timeout_s", "recheck_s",

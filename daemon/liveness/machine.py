@@ -68,15 +68,16 @@ class Step:
     decisions: tuple[Decision, ...] = ()
     confirm: tuple[str, ...] = ()
     note: str = ""  # why a round's silences were not counted, if they were not
+    uncounted: tuple[str, ...] = ()  # the nodes whose silence was not counted (mass silence)
 
 
 def observe_checks(states: Mapping[str, NodeLiveness], results: Sequence[CheckResult], now: datetime,
                    config: LivenessConfig) -> Step:
     """Fold one round of primary checks into ``states``."""
     silent = [r for r in results if r.outcome in _SILENCE]
-    ignore_silence = len(silent) >= 2 and len(silent) > config.mass_silence_fraction * len(results)
-    note = (f"{len(silent)} of {len(results)} nodes silent in one round: taken as the login node's "
-            "own trouble, not counted") if ignore_silence else ""
+    ignore_silence = mass_silence(len(silent), len(results), config)
+    note = (f"{len(silent)} of {len(results)} nodes silent in one round: a network partition or the "
+            "login node's own trouble, not a node failure; not counted") if ignore_silence else ""
     out: dict[str, NodeLiveness] = {}
     decisions: list[Decision] = []
     confirm: list[str] = []
@@ -96,7 +97,17 @@ def observe_checks(states: Mapping[str, NodeLiveness], results: Sequence[CheckRe
             if ask:
                 confirm.append(r.node)
         out[r.node] = s
-    return Step(out, tuple(decisions), tuple(confirm), note)
+    return Step(out, tuple(decisions), tuple(confirm), note,
+                tuple(sorted(r.node for r in silent)) if ignore_silence else ())
+
+
+def mass_silence(silent: int, checked: int, config: LivenessConfig) -> bool:
+    """Whether ``silent`` of ``checked`` nodes going quiet in one round is one cause (the
+    network between the login node and them, or the login node itself) rather than that
+    many nodes failing at once: at least two nodes, and at least ``mass_silence_fraction``
+    of those checked. Independent node failures (a few per 1,000 node-days) almost never
+    land in the same second; a switch, a cut link or the login node's own NIC does."""
+    return silent >= 2 and silent >= config.mass_silence_fraction * checked
 
 
 def observe_confirmations(states: Mapping[str, NodeLiveness], results: Sequence[ConfirmResult],

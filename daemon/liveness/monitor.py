@@ -48,6 +48,7 @@ class RoundReport:
     answered: int
     confirming: tuple[str, ...] = ()
     note: str = ""
+    uncounted: tuple[str, ...] = ()  # silent nodes of a mass-silence round (not counted)
 
     @property
     def dead(self) -> tuple[Decision, ...]:
@@ -88,7 +89,7 @@ class LivenessMonitor:
         self._queued = list(dict.fromkeys([*self._queued, *step.confirm]))
         started = self._start_confirmations()
         answered = sum(r.outcome is CheckOutcome.OK for r in results)
-        return RoundReport(tuple(decisions), len(results), answered, started, step.note)
+        return RoundReport(tuple(decisions), len(results), answered, started, step.note, step.uncounted)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

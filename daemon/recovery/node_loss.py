@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from ..cycle.node_actions import NodeActions
 from ..errors import B300Error, SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
@@ -74,11 +75,14 @@ class NodeLossWatch:
         self._relauncher = relauncher if act else None
         self._store = store
         self._slurm = slurm
+        self._nodes = NodeActions(store, slurm, clock)
         self._monitor = monitor
         self._lock = lock
         self._clock = clock
         self._wake = wake
         self._settle = timedelta(seconds=settle_s)
+        # An ongoing mass silence (b300.liveness.machine.mass_silence): its nodes, its start.
+        self._partition: tuple[frozenset[str], datetime] | None = None
         self._targets: list[Target] = []
         self._targets_for: frozenset[str] = frozenset()
         self._addresses_failed_at: datetime | None = None
@@ -192,6 +196,24 @@ class NodeLossWatch:
                 f"liveness.{d.verdict.value}", node=d.node, misses=d.misses, evidence=d.evidence[:300])
         if report.note:
             log.warning("liveness.round_not_counted", note=report.note)
+        self._record_partition(report, now)
+
+    def _record_partition(self, report: RoundReport, now: datetime) -> None:
+        """One ``liveness.partition`` event when a mass silence begins (nothing is drained for
+        it) and one ``liveness.partition_over`` when a round is counted again."""
+        if report.uncounted and self._partition is None:
+            self._partition = (frozenset(report.uncounted), now)
+            self._store.append_events([NewEvent(Kind.LIVENESS_PARTITION, data={
+                "nodes": list(report.uncounted), "checked": report.checked, "note": report.note})], now)
+        elif report.uncounted and self._partition is not None:
+            self._partition = (self._partition[0] | set(report.uncounted), self._partition[1])
+        elif self._partition is not None and report.checked:
+            nodes, since = self._partition
+            self._partition = None
+            self._store.append_events([NewEvent(Kind.LIVENESS_PARTITION_OVER, data={
+                "nodes": sorted(nodes), "checked": report.checked,
+                "lasted_s": round((now - since).total_seconds(), 1)})], now)
+            log.warning("liveness.partition_over", nodes=len(nodes), lasted_s=(now - since).total_seconds())
 
     def _act(self, dead: Decision, attempts: list[Attempt], now: datetime) -> None:
         """Drain the dead node and cancel the attempts still running on it (or, for a run with
@@ -216,7 +238,7 @@ class NodeLossWatch:
         if not attempts:
             self._drain_once(dead.node, reason, None, now)
         try:
-            self._slurm.down_node(dead.node, reason)
+            self._nodes.down(dead.node, reason)
         except SlurmError as exc:
             log.warning("liveness.down_failed", node=dead.node, error=str(exc),
                         action="cancelling its attempts instead")
@@ -251,17 +273,11 @@ class NodeLossWatch:
                         why="its node is dead; the surviving ranks would hang")
 
     def _drain_once(self, node: str, reason: str, attempt: Attempt | None, now: datetime) -> None:
-        rec = {n.name: n for n in self._store.list_nodes()}.get(node)
-        if rec is not None and "DRAIN" in rec.state.upper() and rec.reason.startswith("b300"):
-            return
         try:
-            self._slurm.drain_node(node, reason)
+            self._nodes.drain(node, reason, run_id=attempt.run_id if attempt else None,
+                              attempt_id=attempt.id if attempt else None)
         except SlurmError as exc:
             log.warning("liveness.drain_failed", node=node, error=str(exc))
-            return
-        self._store.append_events([NewEvent(
-            Kind.NODE_DRAINED, node=node, run_id=attempt.run_id if attempt else None,
-            attempt_id=attempt.id if attempt else None, data={"reason": reason})], now)
 
 
 def node_lost(events: Mapping[str, object] | None) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ import structlog
 
 from ..checkpoints.resume_point import newest_verified
 from ..config import RecoveryConfig
+from ..cycle.node_actions import NodeActions, drained_by_us
 from ..cycle.view import ClusterView
 from ..errors import B300Error, SlurmError
 from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
@@ -92,6 +93,7 @@ class Recoverer:
         self._store = store
         self._slurm = slurm
         self._actions = actions
+        self._nodes = NodeActions(store, slurm, clock)
         self._clock = clock
         self._config = config
         self._log_dir = job_log_dir
@@ -241,23 +243,17 @@ class Recoverer:
     def _drain(self, run: Run, last: Attempt, nodes: tuple[str, ...],
                nodes_now: Mapping[str, NodeRecord], now: datetime) -> set[str]:
         """Drain the suspects of ``last`` once each (also across a crash); the drained set."""
-        done = {e.node for e in self._store.events(run_id=run.id, kinds=[Kind.NODE_DRAINED])
-                if e.attempt_id == last.id and e.node}
+        done = self._nodes.drained_for(run.id, last.id)
         drained: set[str] = set()
         for node in nodes:
             rec = nodes_now.get(node)
-            if node in done or (rec is not None and "DRAIN" in rec.state.upper()
-                                and rec.reason.startswith("b300")):
+            if node in done or drained_by_us(rec):
                 drained.add(node)
                 continue
             reason = (f"b300: run {run.id} job {last.slurm_job_id} {last.state.value}"
                       f"{' exit ' + str(last.exit_code) if last.exit_code else ''}"
                       f"{' (' + rec.state.lower() + ': ' + rec.reason + ')' if rec and rec.reason else ''}")
-            self._slurm.drain_node(node, reason)
-            self._store.append_events([NewEvent(
-                Kind.NODE_DRAINED, run_id=run.id, attempt_id=last.id, node=node,
-                data={"reason": reason})], now)
-            log.warning("node.drained", node=node, reason=reason)
+            self._nodes.drain(node, reason, run_id=run.id, attempt_id=last.id, nodes_now=nodes_now)
             drained.add(node)
         return drained
 
@@ -273,11 +269,8 @@ class Recoverer:
                                                 if len(hole.runs) > 3 else "")
             reason = (f"b300: black hole: failed {len(hole.runs)} runs in "
                       f"{self._blackhole.window_s / 3600:g} h ({names})")
-            self._slurm.drain_node(hole.node, reason)
-            self._store.append_events([NewEvent(
-                Kind.NODE_DRAINED, run_id=run.id, attempt_id=last.id, node=hole.node,
-                data={"reason": reason, "black_hole": list(hole.runs)})], now)
-            log.warning("node.drained", node=hole.node, reason=reason)
+            self._nodes.drain(hole.node, reason, run_id=run.id, attempt_id=last.id, nodes_now={},
+                              data={"black_hole": list(hole.runs)})
 
     def _finish(self, run: Run, state: RunState, why: str, now: datetime, *,
                 alert: bool = False, kind: Kind | None = None,
@@ -361,42 +354,6 @@ class Recoverer:
                 return f.read().decode("utf-8", "replace").splitlines()
         except OSError:
             return []
-
-    # -- Slurm's own requeue -----------------------------------------------
-
-    def on_requeued(self, before: Attempt, after: Attempt, view: ClusterView) -> None:
-        """Slurm requeued a running job itself (same job id, PENDING again).
-
-        No new submission: drain the nodes it ran on that Slurm now shows as
-        bad, and update the pending job's excluded nodes so it restarts away
-        from them (Slurm's own requeue does not exclude them).
-        """
-        now = self._clock()
-        nodes_now = view.nodes
-        bad = tuple(n for n in before.nodes if node_is_bad(nodes_now.get(n)))
-        run = self._store.get_run(before.run_id)
-        self._store.append_events([NewEvent(
-            Kind.ATTEMPT_REQUEUED, run_id=run.id, attempt_id=before.id,
-            data={"job_id": before.slurm_job_id, "nodes": list(before.nodes),
-                  "suspects": list(bad)})], now)
-        self._store.append_events([NewEvent(Kind.NODE_FAILED, run_id=run.id, attempt_id=before.id,
-                                            node=n, data={"job_id": before.slurm_job_id,
-                                                          "outcome": "REQUEUED"}) for n in bad],
-                                  now)
-        self._drain(run, before, bad, nodes_now, now)
-        if after.slurm_job_id is None:
-            return
-        spec = spec_of(run)
-        failed = [Exclusion(n, "failed", f"failed attempt {before.number} (job "
-                            f"{before.slurm_job_id}, requeued by Slurm)") for n in bad]
-        plan = self._actions.plan_exclusions(spec, [*failed, *self._actions.attempt_exclusions(before)],
-                                             fresh=bad)
-        if plan.nodes != sorted(after.excluded_nodes):
-            self._slurm.exclude_nodes(after.slurm_job_id, plan.nodes)
-            self._store.update_attempt(after.id, now, excluded_nodes=plan.nodes, events=[
-                NewEvent(Kind.ATTEMPT_EXCLUDED, run_id=run.id, attempt_id=after.id,
-                         data={"exclude": plan.nodes,
-                               "exclusions": [e.to_dict() for e in plan.kept]})])
 
 
 def job_log_path(attempt: Attempt, spec: JobSpec, log_dir: str | None) -> str | None:

@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from ..cycle.node_actions import NodeActions
 from ..errors import SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
@@ -116,6 +117,7 @@ class StragglerDrainer:
     def __init__(self, store: Store, slurm: SlurmClient, clock: Callable[[], datetime]) -> None:
         self._store = store
         self._slurm = slurm
+        self._nodes = NodeActions(store, slurm, clock)
         self._clock = clock
         # The drains of the current cycle (the ``now`` decide() is called with): their
         # events are written after the cycle's findings, and the cycle's node records
@@ -156,13 +158,14 @@ class StragglerDrainer:
         if why is None:
             reason = straggler_reason(run.id, attempt.slurm_job_id, evidence)
             try:
-                self._slurm.drain_node(host, reason)
+                # nodes_now={}: sent even over an earlier drain of ours (the reason names the run);
+                # the caller records the event returned here.
+                self._nodes.drain(host, reason, nodes_now={}, record=False)
             except SlurmError as exc:
                 why = f"the drain failed: {str(exc)[:160]}"
             else:
                 self._drained_runs[run.id] = now
                 self._drained_hosts.add(host)
-                log.warning("node.drained", node=host, reason=reason)
                 return NewEvent(Kind.NODE_DRAINED, run_id=run.id, attempt_id=attempt.id, node=host,
                                 data={"reason": reason, "straggler": evidence[:500], **data})
         log.info("training.straggler_kept", node=host, why=why)

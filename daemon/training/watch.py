@@ -141,6 +141,7 @@ class TrainingWatch:
         self._watched: dict[int, _Watched] = {}
         # Running attempts whose spec asks for no progress reading (not parsed every cycle).
         self._unwatched: set[int] = set()
+        self._finished: set[int] = set()  # attempts read a last time by this process
         self._figures: dict[str, RunFigures] = {}
         self._swept = False
 
@@ -180,10 +181,13 @@ class TrainingWatch:
 
     def finish(self, attempt: Attempt) -> None:
         """``attempt`` ended: read its files a last time (an exit intent is written just
-        before exiting), record what they say, forget it."""
+        before exiting), record what they say, forget it. Once per attempt and process:
+        the cycle asks again for every ended attempt recovery has not classified (after a
+        crash between the end and this read), and only the first ask reads."""
         cfg = self._config()
-        if not cfg.enabled:
+        if not cfg.enabled or attempt.id in self._finished:
             return
+        self._finished.add(attempt.id)
         now = self._clock()
         with structlog.contextvars.bound_contextvars(run=attempt.run_id, attempt=attempt.number):
             try:

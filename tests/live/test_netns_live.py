@@ -357,15 +357,13 @@ def test_the_login_nodes_own_link_down_drains_nothing(acting: DaemonHandle, tmp_
     assert not _first_attempt_events(acting)
 
 
-@pytest.mark.xfail(strict=True, reason="2 silent of 4 is not more than [liveness] mass_silence_fraction 0.5: "
-                   "both are found dead and drained")
 def test_a_partition_of_half_the_nodes_is_reported_not_drained(acting: DaemonHandle, tmp_path: Path) -> None:
     run_id, nodes = _start_training(acting, tmp_path, nodes=4)
     cut = nodes[2:]
     _must("partition", *cut)
     try:
-        reported = wait_for(lambda: [e for e in acting.ctl("events") if e["kind"].startswith("liveness.")
-                                     and e.get("node") in cut], 60, "the partition reported")
+        reported = wait_for(lambda: [e for e in acting.ctl("events") if e["kind"] == "liveness.partition"
+                                     and set(cut) <= set(e["data"]["nodes"])], 60, "the partition reported")
         _quiet_for(acting, run_id, 30)
     finally:
         _must("heal")

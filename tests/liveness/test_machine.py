@@ -98,7 +98,21 @@ def test_a_round_where_most_nodes_go_silent_is_not_counted() -> None:
     s = _round(None, 0, a=REFUSED, b=REFUSED, c=OK)  # resets come from the nodes' kernels: counted
     assert s.states["a"].misses == 1 and s.note == ""
     s = _round(None, 0, a=TIMEOUT, b=OK)  # one node alone is never "mass silence"
-    assert s.states["a"].misses == 1
+    assert s.states["a"].misses == 1 and s.uncounted == ()
+
+
+def test_half_the_nodes_silent_is_a_partition_kept_for_as_long_as_it_lasts() -> None:
+    """2 of 4 silent (a switch, a cut link) is at the fraction (0.5): reported, never dead;
+    1 of 4 is one node's failure and counted as before."""
+    states: dict[str, NodeLiveness] = {}
+    for i in range(12):
+        s = _round(states, i, a=OK, b=OK, c=TIMEOUT, d=TIMEOUT)
+        states = dict(s.states)
+        assert s.uncounted == ("c", "d") and not s.decisions
+    assert all(st_.health is Health.OK for st_ in states.values())
+    s = _round(None, 0, a=OK, b=OK, c=OK, d=TIMEOUT)
+    assert s.uncounted == () and s.states["d"].misses == 1
+    assert "network partition" in _round(None, 0, a=OK, b=OK, c=TIMEOUT, d=TIMEOUT).note
 
 
 def test_a_node_leaving_the_targets_is_forgotten() -> None:

@@ -159,3 +159,13 @@ def test_a_drain_burst_alerts_once_when_it_reaches_the_threshold() -> None:
     assert alerts_for(spread, [], drained_burst=2) == []
     # The earlier drains come from before the scanned range.
     assert [a.event_id for a in alerts_for(drains[2:], drains[:2], drained_burst=3)] == [3]
+
+
+def test_a_partition_alerts_once_with_its_nodes_and_drains_nothing() -> None:
+    start = Event(7, datetime(2026, 11, 20, tzinfo=UTC), "liveness.partition",
+                  data={"nodes": ["gpu03", "gpu04"], "checked": 4, "note": "2 of 4 nodes silent"})
+    over = Event(8, datetime(2026, 11, 20, 0, 1, tzinfo=UTC), "liveness.partition_over",
+                 data={"nodes": ["gpu03", "gpu04"], "checked": 4, "lasted_s": 60.0})
+    alerts = alerts_for([start, over], [], drained_burst=3)
+    assert [(a.event_id, a.nodes) for a in alerts] == [(7, ("gpu03", "gpu04"))]
+    assert "2 of 4 nodes silent at once" in alerts[0].summary and "nothing drained" in alerts[0].summary
