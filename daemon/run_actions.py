@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from .app.faults import crashpoint
 from .cycle.observe import run_state_for
 from .errors import SlurmError, UsageError
 from .events import EXCLUSIONS, Kind
-from .faults import crashpoint
 from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
 from .plugin_registry import PluginRegistry

@@ -26,13 +26,12 @@ from ..cycle.view import ClusterObserver
 from ..drift.watch import DriftWatch, make_drift_watch
 from ..drill.watch import DrillWatch
 from ..errors import B300Error, SlurmError, StoreError
-from ..fence import Fence, FencedSlurm
-from ..health import CycleHealth
+from ..ha.fence import Fence, FencedSlurm
+from ..ha.lease import DbLease
 from ..interfaces import SlurmClient, Store
-from ..lease import DbLease
 from ..liveness.monitor import Confirmer
-from ..logs import configure_logging
-from ..mode import ACT, ActionPolicy, Withheld, action_policy
+from ..ops.health import CycleHealth
+from ..ops.logs import configure_logging
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
@@ -45,6 +44,7 @@ from ..spec import spec_of
 from ..training.watch import TrainingWatch
 from .daemon import CycleRunner, Daemon, DaemonParts
 from .lifetime import Lifetime
+from .mode import ACT, ActionPolicy, Withheld, action_policy
 from .operations import Operations
 from .reloader import ConfigChange, ConfigReloader
 from .router import ControlRouter
@@ -73,11 +73,11 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     current = _Current(config)
     lifetime = Lifetime(lease)
     lock = threading.Lock()
-    # Fencing (b300.fence): every changing Slurm call proves the lease first.
+    # Fencing (b300.ha.fence): every changing Slurm call proves the lease first.
     fence = Fence(lease, on_fenced=lifetime.lease_lost)
     if lease is not None:
         slurm = FencedSlurm(slurm, fence)
-    # [daemon] mode (b300.mode): in observe mode nothing below acts of its own accord; what
+    # [daemon] mode (b300.app.mode): in observe mode nothing below acts of its own accord; what
     # it would have done is logged and recorded as action.withheld events.
     policy = action_policy(config)
     withheld = Withheld(store.append_events, policy.why)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..faults import crashpoint
+from ..app.faults import crashpoint
 from ..interfaces import ReplicationTarget
 from ..model import CheckpointInfo
 from .replicate import replica_records, verify_replica

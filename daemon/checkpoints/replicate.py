@@ -31,8 +31,8 @@ from typing import Any
 
 import structlog
 
+from ..app.faults import crashpoint
 from ..errors import UsageError
-from ..faults import crashpoint
 from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget, SentDigests
 from ..model import CheckpointInfo
 from ..plugin_registry import REPLICATION_TARGETS, PluginRegistry

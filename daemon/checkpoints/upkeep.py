@@ -95,9 +95,9 @@ class CheckpointUpkeep:
         withheld: Callable[..., None] | None = None,
     ) -> None:
         # With prune off (or the daemon observing), the deletes the rules would make are
-        # recorded through ``withheld`` (b300.mode.Withheld) instead.
+        # recorded through ``withheld`` (b300.app.mode.Withheld) instead.
         self._withheld = withheld
-        # Proves the lease before every delete and copy (b300.fence); raises if it cannot.
+        # Proves the lease before every delete and copy (b300.ha.fence); raises if it cannot.
         self._fence = fence
         self._store = store
         self._checkpoints = checkpoints

@@ -31,12 +31,12 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from ..app.faults import crashpoint
 from ..checkpoints.resume_point import newest_verified
 from ..config import RecoveryConfig
 from ..cycle.view import ClusterView
 from ..errors import B300Error, SlurmError
 from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
-from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, NodeRecord, Run, RunState
 from ..plugin_registry import PluginRegistry

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from b300.health import CycleSnapshot
-from b300.metrics import MetricsServer, MetricsSnapshot
+from b300.ops.health import CycleSnapshot
+from b300.ops.metrics import MetricsServer, MetricsSnapshot
 from b300.training.monitor import TrainingSnapshot
 from b300.training.watch import RunFigures
 

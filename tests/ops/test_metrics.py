@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from b300.health import CycleSnapshot
-from b300.metrics import MetricsServer, MetricsSnapshot, collect_metrics, render_metrics
 from b300.model import RunState
+from b300.ops.health import CycleSnapshot
+from b300.ops.metrics import MetricsServer, MetricsSnapshot, collect_metrics, render_metrics
 from b300.store import SqlStore, open_store
 from b300.training.monitor import TrainingSnapshot
 from b300.training.watch import RunFigures
@@ -304,8 +304,8 @@ def test_ipv6_loopback() -> None:
 def test_describe_names_every_family_a_scrape_can_export() -> None:
     """The registry learns names from describe(): a family missing there is unknown to a
     scrape's name filter (the spare pool's was)."""
-    from b300.health import CycleSnapshot
-    from b300.metrics import MetricsSnapshot, SnapshotCollector, metric_families
+    from b300.ops.health import CycleSnapshot
+    from b300.ops.metrics import MetricsSnapshot, SnapshotCollector, metric_families
 
     full = MetricsSnapshot(cycle=CycleSnapshot(1, 0, 0.1, 1.0, None), drift_findings_open=0,
                            spare_pool_nodes={"batch": 2})

@@ -158,9 +158,9 @@ def test_the_pool_is_a_metric_and_a_b300ctl_nodes_table(tmp_path: Path) -> None:
 
     from b300.cli.nodes import spare_pools
     from b300.events import Kind
-    from b300.health import CycleSnapshot
     from b300.interfaces import NewEvent
-    from b300.metrics import collect_metrics, render_metrics
+    from b300.ops.health import CycleSnapshot
+    from b300.ops.metrics import collect_metrics, render_metrics
     from b300.store import open_store
 
     store = open_store(f"sqlite:///{tmp_path}/state.db")

@@ -32,19 +32,19 @@ from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, m
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .checkpoints.advice import RunSchedule, stored_run_schedule
-from .checkpoints.schedule import HISTORY, FailureIndex
-from .errors import B300Error
-from .events import TRAINING_FINDINGS, Kind
+from ..checkpoints.advice import RunSchedule, stored_run_schedule
+from ..checkpoints.schedule import HISTORY, FailureIndex
+from ..errors import B300Error
+from ..events import TRAINING_FINDINGS, Kind
+from ..interfaces import Store
+from ..model import Run, RunState
+from ..report.compute import RunInput, checkpoint_figures
+from ..spares.pool import latest_pools
+from ..spec import JobSpec, parse_spec
 from .health import CycleSnapshot
-from .interfaces import Store
-from .model import Run, RunState
-from .report.compute import RunInput, checkpoint_figures
-from .spares.pool import latest_pools
-from .spec import JobSpec, parse_spec
 
 if TYPE_CHECKING:
-    from .training.watch import RunFigures
+    from ..training.watch import RunFigures
 
 log = structlog.get_logger(__name__)
 PATH = "/metrics"
