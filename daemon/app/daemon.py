@@ -26,8 +26,8 @@ from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
 from ..control.server import ControlServer
 from ..cycle.pipeline import CycleReport, PollCycle
-from ..drift.watch import DriftWatch
-from ..drill.watch import DrillWatch
+from ..drift.scheduled import DriftWatch
+from ..drill.runner import DrillWatch
 from ..errors import SlurmError, StoreError
 from ..events import Kind
 from ..ha.lease import FencedError

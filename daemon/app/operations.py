@@ -23,10 +23,10 @@ from ..interfaces import Store
 from ..ops.alerts import AlertScanner
 from ..ops.health import CycleHealth, Watchdog, watchdog_interval_s
 from ..ops.metrics import MetricsServer, MetricsSnapshot, collect_metrics
-from ..report.schedule import schedule_report
+from ..report.weekly import schedule_report
 
 if TYPE_CHECKING:
-    from ..training.watch import RunFigures
+    from ..training.health_step import RunFigures
 
 log = structlog.get_logger(__name__)
 

@@ -137,7 +137,7 @@ def check_permissions(cfg: Config) -> list[Check]:
                             "user could change things through b300ctl",
                             f"groupadd {cfg.admin_group}, or fix [daemon] admin_group"))
     if cfg.spares.pools:
-        from ..spares.watch import pool_user
+        from ..spares.pools import pool_user
 
         try:
             out.append(ok(f"[spares] pools: reservations made for user {pool_user(cfg.spares)}"))
@@ -319,7 +319,7 @@ def check_ssh(cfg: Config) -> list[Check]:
     """Connect, authenticate and run ``true`` on every [drift] node at once, host keys checked."""
     if cfg.drift is None or not cfg.drift.nodes:
         return [skip("SSH to [drift] nodes: no [drift] nodes configured")]
-    from ..drift.records import NodeStatus
+    from ..drift.scan_records import NodeStatus
     from ..drift.ssh import ParamikoRunner
 
     s = cfg.drift.ssh

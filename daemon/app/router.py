@@ -26,8 +26,8 @@ from ..config import Config
 from ..control.client import refusal
 from ..control.server import Peer, is_admin
 from ..control.status_view import status_view
-from ..drift.watch import DriftWatch
-from ..drill.watch import DrillWatch
+from ..drift.scheduled import DriftWatch
+from ..drill.runner import DrillWatch
 from ..errors import B300Error, NotFoundError, UsageError
 from ..events import Kind
 from ..ha.fence import Fence

@@ -48,11 +48,11 @@ from ..model import CheckpointInfo, Run
 from ..plugin_registry import PluginRegistry
 from ..spec import parse_spec
 from .checkpoint_pass import runs_to_look_after
-from .config import CheckpointsConfig, TargetConfig
+from .entries import plan_state
 from .layouts import load_layout
 from .manifest import read_manifest, verify
+from .policy import CheckpointsConfig, TargetConfig
 from .prune import anchor_of, finish_interrupted_deletes, plan_remote_prune, prune_local, prune_remote
-from .records import plan_state
 from .replicate import Throttle, load_target, replica_name, replicate
 from .resume import pending_resumes
 from .retention import PrunePlan, RetentionPolicy, plan_prune, requested_policy

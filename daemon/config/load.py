@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 from ..errors import AccessError, ConfigError
-from .records import Config
+from .settings import Config
 
 DEFAULT_CONFIG = "/etc/b300/b300.toml"
 

@@ -12,7 +12,7 @@ One :meth:`PollCycle.run_once`:
    in one transaction; the recorded changes come back;
 4. **act on the changes**: a job Slurm requeued itself is kept off the nodes that
    failed it (:meth:`Recoverer.on_requeued`); running attempts' progress is read and
-   judged (:class:`~b300.training.watch.TrainingWatch`: loss spikes, NaN, throughput,
+   judged (:class:`~b300.training.health_step.TrainingWatch`: loss spikes, NaN, throughput,
    stragglers, stalled checkpoint writes; an ended attempt's files are read a last
    time); running attempts whose training stopped advancing are cancelled
    (:class:`~b300.recovery.hangs.HangWatch`); runs whose attempt ended without completing are classified (pure,
@@ -38,8 +38,8 @@ from ..model import AttemptState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
-from ..spares.watch import SparePools
-from ..training.watch import TrainingWatch
+from ..spares.pools import SparePools
+from ..training.health_step import TrainingWatch
 from .track import AttemptTracker
 from .view import ClusterObserver
 

@@ -43,7 +43,7 @@ from ..plugin_registry import PluginRegistry
 from ..run_actions import RunActions
 from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, spec_of
-from ..training.config import TrainingConfig, TrainingSpec
+from ..training.thresholds import TrainingConfig, TrainingSpec
 from .classify import (
     BlackHolePolicy,
     NodeStrikes,

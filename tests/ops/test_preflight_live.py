@@ -387,7 +387,7 @@ def test_help_lists_the_new_options() -> None:
 
 def test_submit_dry_run_names_exclusions_and_resume_point_and_submits_nothing(
         tmp_path: Path, slurm_conf: str, nodes: Sim) -> None:
-    from b300.drift.records import Finding, FindingKind, Policy
+    from b300.drift.scan_records import Finding, FindingKind, Policy
     from b300.events import Kind
     from b300.interfaces import NewEvent
     from b300.slurm.cli import CliSlurmClient

@@ -262,8 +262,8 @@ def test_surplus_is_kept_only_for_recovering_runs_and_jobs_waiting_in_the_pool()
 def test_a_uid_without_a_passwd_entry_is_a_one_line_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import pwd
 
-    from b300.spares.config import load_spares_config
-    from b300.spares.watch import pool_user
+    from b300.spares.pool_config import load_spares_config
+    from b300.spares.pools import pool_user
 
     uid = next(u for u in range(2_000_000_000, 2_000_000_100) if not _has_passwd(pwd, u))
     monkeypatch.setattr("os.geteuid", lambda: uid)
