@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from .app.faults import crashpoint
 from .cycle.observe import run_state_for
 from .errors import SlurmError, UsageError
 from .events import EXCLUSIONS, Kind
@@ -27,6 +26,7 @@ from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
 from .plugin_registry import PluginRegistry
 from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
+from .safety.faults import crashpoint
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
 from .spares.pool import pooled_reservation

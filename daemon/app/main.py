@@ -18,11 +18,11 @@ from ..ha.lease import DbLease, FileLease
 from ..interfaces import SlurmClient
 from ..ops.logs import configure_logging
 from ..plugin_registry import PluginRegistry
+from ..safety.permissions import check_not_writable_by_others
 from ..slurm import make_slurm_client
 from ..slurm.release import SlurmRelease, check_release, parse_release, record_release
 from ..store import create_engine, open_store
 from ..store.credentials import store_url
-from .permissions import check_not_writable_by_others
 from .root import build_daemon
 
 

@@ -32,7 +32,7 @@ from ..plugin_registry import (
     PluginGroup,
     PluginRegistry,
 )
-from .permissions import check_not_writable_by_others, check_secret_file
+from ..safety.permissions import check_not_writable_by_others, check_secret_file
 from .preflight import (
     Check,
     CheckFn,
@@ -87,8 +87,8 @@ def check_config(path: str) -> int:
 
 
 def _mode_words(cfg: Config) -> str:
-    """What the daemon will do of its own accord with this config (b300.app.mode)."""
-    from .mode import action_policy
+    """What the daemon will do of its own accord with this config (b300.safety.mode)."""
+    from ..safety.mode import action_policy
 
     p = action_policy(cfg)
     if not p.acting:

@@ -39,12 +39,12 @@ from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
+from ..safety.mode import ACT, ActionPolicy, Withheld, action_policy
 from ..spares.pools import SparePools, pool_user
 from ..spec import spec_of
 from ..training.health_step import TrainingWatch
 from .daemon import CycleRunner, Daemon, DaemonParts
 from .lifetime import Lifetime
-from .mode import ACT, ActionPolicy, Withheld, action_policy
 from .operations import Operations
 from .reloader import ConfigChange, ConfigReloader
 from .router import ControlRouter
@@ -77,7 +77,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     fence = Fence(lease, on_fenced=lifetime.lease_lost)
     if lease is not None:
         slurm = FencedSlurm(slurm, fence)
-    # [daemon] mode (b300.app.mode): in observe mode nothing below acts of its own accord; what
+    # [daemon] mode (b300.safety.mode): in observe mode nothing below acts of its own accord; what
     # it would have done is logged and recorded as action.withheld events.
     policy = action_policy(config)
     withheld = Withheld(store.append_events, policy.why)

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ..app.permissions import check_secret_file
 from ..errors import ConfigError
+from ..safety.permissions import check_secret_file
 from .retention import RetentionPolicy
 
 #: Plugin options that are secrets: refused inline, read from ``<name>_file``.

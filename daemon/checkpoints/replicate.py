@@ -31,11 +31,11 @@ from typing import Any
 
 import structlog
 
-from ..app.faults import crashpoint
 from ..errors import UsageError
 from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget, SentDigests
 from ..model import CheckpointInfo
 from ..plugin_registry import REPLICATION_TARGETS, PluginRegistry
+from ..safety.faults import crashpoint
 from .manifest import Manifest, ManifestEntry, write_manifest
 
 log = structlog.get_logger(__name__)

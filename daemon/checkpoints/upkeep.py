@@ -95,7 +95,7 @@ class CheckpointUpkeep:
         withheld: Callable[..., None] | None = None,
     ) -> None:
         # With prune off (or the daemon observing), the deletes the rules would make are
-        # recorded through ``withheld`` (b300.app.mode.Withheld) instead.
+        # recorded through ``withheld`` (b300.safety.mode.Withheld) instead.
         self._withheld = withheld
         # Proves the lease before every delete and copy (b300.ha.fence); raises if it cannot.
         self._fence = fence

@@ -25,7 +25,7 @@ def load_config(path: str) -> Config:
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except PermissionError:
-        from ..app.permissions import unreadable
+        from ..safety.permissions import unreadable
 
         raise AccessError(unreadable(path, "config file")) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -83,7 +83,7 @@ def _unavailable(path: str, exc: OSError) -> DaemonUnavailableError:
     if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
         return DaemonUnavailableError(f"b300d is not running (no daemon at {path})")
     if isinstance(exc, PermissionError):
-        from ..app.permissions import unreadable
+        from ..safety.permissions import unreadable
 
         return SocketRefusedError(unreadable(path, "the control socket", need="write"))
     return DaemonUnavailableError(f"cannot reach b300d at {path}: {exc}")
@@ -99,6 +99,6 @@ def refusal(user: str, op: str, admin_group: str, where: str = "") -> str:
 
 
 def _socket_refusal(op: str, admin_group: str, socket_path: str) -> str:
-    from ..app.permissions import missing_access, user_name
+    from ..safety.permissions import missing_access, user_name
 
     return refusal(user_name(), op, admin_group, missing_access(socket_path, "write"))

@@ -49,7 +49,7 @@ from ..model import Attempt, AttemptState, RunState
 from .relaunch import Relaunch, StepRelauncher
 
 if TYPE_CHECKING:
-    from ..app.mode import Withheld
+    from ..safety.mode import Withheld
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]

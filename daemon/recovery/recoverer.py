@@ -31,7 +31,6 @@ from datetime import datetime, timedelta
 
 import structlog
 
-from ..app.faults import crashpoint
 from ..checkpoints.resume_point import newest_verified
 from ..config import RecoveryConfig
 from ..cycle.view import ClusterView
@@ -41,6 +40,7 @@ from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, NodeRecord, Run, RunState
 from ..plugin_registry import PluginRegistry
 from ..run_actions import RunActions
+from ..safety.faults import crashpoint
 from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, spec_of
 from ..training.thresholds import TrainingConfig, TrainingSpec

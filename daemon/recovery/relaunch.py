@@ -33,7 +33,6 @@ from datetime import datetime
 
 import structlog
 
-from ..app.faults import crashpoint
 from ..checkpoints.resume_point import newest_verified
 from ..errors import SlurmError, SpecError
 from ..events import Kind
@@ -41,6 +40,7 @@ from ..interfaces import NewEvent, Store
 from ..launcher import launch as lf
 from ..model import Attempt, AttemptState, Event
 from ..plugin_registry import PluginRegistry
+from ..safety.faults import crashpoint
 from ..slurm.parse import expand_nodes
 from ..slurm.script import launch_dir
 from ..spec import JobSpec, spec_of

@@ -14,9 +14,9 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from pathlib import Path
 
-from ..app.permissions import check_secret_file
 from ..config.ops import SmtpConfig
 from ..errors import B300Error, ConfigError
+from ..safety.permissions import check_secret_file
 from .compute import WeeklyReport
 from .render import charts, render_html, render_text, title
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from drift_nodes import Sim
 
-from b300.app.mode import Withheld
 from b300.config.tables.drift import parse_drift_config
 from b300.drift.plugins import load_probes
 from b300.drift.scan_records import DriftConfig, FindingKind, NodeStatus, Policy
 from b300.drift.scanner import DriftScanner
 from b300.drift.ssh import ParamikoRunner
+from b300.safety.mode import Withheld
 from b300.slurm.cli import CliSlurmClient
 from b300.store import SqlStore, open_store
 from helpers import slurm_cmd
