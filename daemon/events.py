@@ -257,7 +257,7 @@ LIVENESS = (Kind.LIVENESS_SUSPECT, Kind.LIVENESS_CLEARED, Kind.LIVENESS_DEAD, Ki
 DRILLS = (Kind.DRILL_STARTED, Kind.DRILL_INJECTED, Kind.DRILL_FINISHED)
 #: The alert scanner's bookmarks.
 ALERT_MARKS = (Kind.ALERT_SENT, Kind.ALERTS_CURSOR)
-#: What the training-health detectors found in a running attempt (b300.training.watch).
+#: What the training-health detectors found in a running attempt (b300.training.health_step).
 TRAINING_FINDINGS = (Kind.TRAINING_LOSS_SPIKE, Kind.TRAINING_LOSS_NAN, Kind.TRAINING_THROUGHPUT_DROP,
                      Kind.TRAINING_STRAGGLER, Kind.TRAINING_CHECKPOINT_STALLED)
 #: A run that recovery stopped for a training-health reason (not a spent budget).

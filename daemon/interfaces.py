@@ -28,8 +28,8 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .checkpoints.records import StoredCheckpoint
-    from .drift.records import Finding, NodeRun, OpenFinding
+    from .checkpoints.entries import StoredCheckpoint
+    from .drift.scan_records import Finding, NodeRun, OpenFinding
 
 
 @runtime_checkable
@@ -210,7 +210,7 @@ class NodeCommandRunner(Protocol):
     """Runs named shell commands on cluster nodes (over SSH) and returns what they said.
 
     ``run`` never raises for a node's own trouble: each node gets a
-    :class:`b300.drift.records.NodeRun` whose status says whether it was
+    :class:`b300.drift.scan_records.NodeRun` whose status says whether it was
     reached (unreachable, refused host key, failed auth, timed out); a
     command that did not finish in time has ``exit_code`` None. The commands
     are fixed text and must not contain values from outside the program.

@@ -22,11 +22,11 @@ import structlog
 from .cycle.observe import run_state_for
 from .errors import SlurmError, UsageError
 from .events import EXCLUSIONS, Kind
-from .faults import crashpoint
 from .interfaces import NewEvent, SlurmClient, Store
 from .model import Attempt, AttemptState, Run, RunState
 from .plugin_registry import PluginRegistry
 from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
+from .safety.faults import crashpoint
 from .slurm.parse import expand_nodes
 from .slurm.script import build_request
 from .spares.pool import pooled_reservation

@@ -44,7 +44,7 @@ if [[ -f "$DEMO/b300d.pid" ]] && kill -0 "$(cat "$DEMO/b300d.pid")" 2>/dev/null;
   kill -HUP "$(cat "$DEMO/b300d.pid")"  # the config just written ([drill] is taken live)
   echo "demo: b300d already running (pid $(cat "$DEMO/b300d.pid")), config reloaded"
 else
-  nohup "$PY" -m b300.daemon_main --config "$CONF" >>"$DEMO/b300d.log" 2>&1 &
+  nohup "$PY" -m b300.app.main --config "$CONF" >>"$DEMO/b300d.log" 2>&1 &
   echo $! >"$DEMO/b300d.pid"
   for _ in $(seq 1 100); do
     [[ -S "$DEMO/state/b300d.sock" ]] && break

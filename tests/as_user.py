@@ -25,9 +25,9 @@ from helpers import REPO
 
 # Library modules b300ctl's commands import lazily (the libraries may be out of the
 # user's reach once the uid is dropped): b300's own come from the readable copy.
-_PRELOAD = ("b300.cli", "b300.config", "b300.config.tables", "b300.control_client", "b300.spec",
-            "b300.checkpoints.retention", "b300.checkpoints.config", "b300.store",
-            "b300.store.credentials", "b300.status_view", "sqlalchemy.dialects.sqlite.pysqlite",
+_PRELOAD = ("b300.cli", "b300.config", "b300.config.tables", "b300.control.client", "b300.spec",
+            "b300.checkpoints.retention", "b300.checkpoints.policy", "b300.store",
+            "b300.store.credentials", "b300.control.status_view", "sqlalchemy.dialects.sqlite.pysqlite",
             "sqlalchemy.dialects.postgresql.psycopg", "psycopg", "concurrent.futures.thread",
             "concurrent.futures.process", "encodings.idna", "encodings.ascii", "pydantic_core")
 

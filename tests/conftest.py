@@ -1,7 +1,7 @@
 """Shared fixtures: the real local Slurm cluster, a real b300d process on it, PostgreSQL.
 
 Nothing of the project's own code is faked here: the daemon runs as its own
-process (``python -m b300.daemon_main``), b300ctl as another, and both talk
+process (``python -m b300.app.main``), b300ctl as another, and both talk
 to the Slurm cluster that ``deploy/localcluster.sh`` brings up on this machine.
 """
 

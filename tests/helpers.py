@@ -1,7 +1,7 @@
 """Helpers for the live tests: drive a real b300d and real Slurm tools.
 
 Nothing of the project's own code is faked here: the daemon runs as its own
-process (``python -m b300.daemon_main``), b300ctl as another, and both talk
+process (``python -m b300.app.main``), b300ctl as another, and both talk
 to the Slurm cluster that ``deploy/localcluster.sh`` brings up on this machine.
 """
 
@@ -90,7 +90,7 @@ class DaemonHandle:
         assert self.proc is None or self.proc.poll() is not None
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "b300.daemon_main", "--config", str(self.config)],
+                [sys.executable, "-m", "b300.app.main", "--config", str(self.config)],
                 env={**self.env, **(extra_env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -102,7 +102,7 @@ class DaemonHandle:
             pytest.fail(f"b300d exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
 
     def ping(self) -> bool:
-        from b300.control import call_daemon
+        from b300.control.server import call_daemon
         from b300.errors import DaemonUnavailableError
 
         try:

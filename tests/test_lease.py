@@ -1,4 +1,4 @@
-"""The lease row (b300.lease) on SQLite and PostgreSQL: takeover by time, epochs, fencing,
+"""The lease row (b300.ha.lease) on SQLite and PostgreSQL: takeover by time, epochs, fencing,
 and a client-side deadline that holds when the path to PostgreSQL stops forwarding."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from b300.errors import StoreError
-from b300.lease import DbLease, FencedError
+from b300.ha.lease import DbLease, FencedError
 from b300.store import create_engine, open_store
 from helpers import CuttableProxy, wait_for
 from store_fixtures import store_url_fixture  # noqa: F401 - a fixture, used by name

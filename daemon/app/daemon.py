@@ -24,15 +24,15 @@ from .. import __version__
 from ..checkpoints.checkpoint_pass import CheckpointPass
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
-from ..control import ControlServer
+from ..control.server import ControlServer
 from ..cycle.pipeline import CycleReport, PollCycle
-from ..drift.watch import DriftWatch
-from ..drill.watch import DrillWatch
+from ..drift.scheduled import DriftWatch
+from ..drill.runner import DrillWatch
 from ..errors import SlurmError, StoreError
 from ..events import Kind
-from ..health import CycleHealth, Watchdog, watchdog_interval_s
+from ..ha.lease import FencedError
 from ..interfaces import NewEvent, SlurmClient, Store
-from ..lease import FencedError
+from ..ops.health import CycleHealth, Watchdog, watchdog_interval_s
 from ..recovery.node_loss import NodeLossWatch
 from .lifetime import Lifetime, sd_notify
 from .operations import Operations

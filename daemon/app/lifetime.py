@@ -16,7 +16,7 @@ import structlog
 
 from .. import __version__
 from ..errors import StoreError
-from ..lease import DbLease
+from ..ha.lease import DbLease
 
 log = structlog.get_logger(__name__)
 #: The exit code of a daemon that lost its lease: systemd restarts it as a standby.

@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING
 import structlog
 from apscheduler.schedulers.base import BaseScheduler
 
-from ..alerts import AlertScanner
 from ..config import Config
 from ..cycle.track import AccountingHealth
 from ..errors import B300Error
-from ..health import CycleHealth, Watchdog, watchdog_interval_s
 from ..interfaces import Store
-from ..metrics import MetricsServer, MetricsSnapshot, collect_metrics
-from ..report.schedule import schedule_report
+from ..ops.alerts import AlertScanner
+from ..ops.health import CycleHealth, Watchdog, watchdog_interval_s
+from ..ops.metrics import MetricsServer, MetricsSnapshot, collect_metrics
+from ..report.weekly import schedule_report
 
 if TYPE_CHECKING:
-    from ..training.watch import RunFigures
+    from ..training.health_step import RunFigures
 
 log = structlog.get_logger(__name__)
 

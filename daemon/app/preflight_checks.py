@@ -24,7 +24,6 @@ from typing import Any
 
 from ..config import Config, writable_paths
 from ..errors import B300Error, ConfigError, SlurmError
-from ..permissions import check_not_writable_by_others, check_secret_file
 from ..plugin_registry import (
     CHECKPOINT_LAYOUTS,
     DRIFT_PROBES,
@@ -33,6 +32,7 @@ from ..plugin_registry import (
     PluginGroup,
     PluginRegistry,
 )
+from ..safety.permissions import check_not_writable_by_others, check_secret_file
 from .preflight import (
     Check,
     CheckFn,
@@ -69,7 +69,7 @@ def check_config(path: str) -> int:
     """``b300d --check-config``: print one line per check; 0 all passed, 1 any failed,
     2 when the config does not parse (that one line only)."""
     from ..config import load_config
-    from ..logs import configure_logging
+    from ..ops.logs import configure_logging
 
     try:
         cfg = load_config(path)
@@ -87,8 +87,8 @@ def check_config(path: str) -> int:
 
 
 def _mode_words(cfg: Config) -> str:
-    """What the daemon will do of its own accord with this config (b300.mode)."""
-    from ..mode import action_policy
+    """What the daemon will do of its own accord with this config (b300.safety.mode)."""
+    from ..safety.mode import action_policy
 
     p = action_policy(cfg)
     if not p.acting:
@@ -137,7 +137,7 @@ def check_permissions(cfg: Config) -> list[Check]:
                             "user could change things through b300ctl",
                             f"groupadd {cfg.admin_group}, or fix [daemon] admin_group"))
     if cfg.spares.pools:
-        from ..spares.watch import pool_user
+        from ..spares.pools import pool_user
 
         try:
             out.append(ok(f"[spares] pools: reservations made for user {pool_user(cfg.spares)}"))
@@ -319,7 +319,7 @@ def check_ssh(cfg: Config) -> list[Check]:
     """Connect, authenticate and run ``true`` on every [drift] node at once, host keys checked."""
     if cfg.drift is None or not cfg.drift.nodes:
         return [skip("SSH to [drift] nodes: no [drift] nodes configured")]
-    from ..drift.records import NodeStatus
+    from ..drift.scan_records import NodeStatus
     from ..drift.ssh import ParamikoRunner
 
     s = cfg.drift.ssh

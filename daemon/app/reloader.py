@@ -3,9 +3,9 @@
 Settings read on every use (poll interval, log level, admin group, recovery
 thresholds, ``[training]``, ``[spares]``, report and alert delivery) are applied live
 (``[training]``: the running attempts' detectors take the new thresholds at the next cycle
-and keep their state, :meth:`b300.training.watch.TrainingWatch.check`; ``[spares]``: a new
+and keep their state, :meth:`b300.training.health_step.TrainingWatch.check`; ``[spares]``: a new
 pool is filled and a dropped one's reservation deleted at the next upkeep,
-:meth:`b300.spares.watch.SparePools.upkeep`); the ones the daemon
+:meth:`b300.spares.pools.SparePools.upkeep`); the ones the daemon
 built its parts from at start-up (state directory, database, socket, Slurm
 client, drift SSH settings, metrics listener) need a restart, and are kept at
 their old values until then.

@@ -17,23 +17,22 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from ..checkpoints.access import checkpoint_dir_problem
 from ..checkpoints.checkpoint_pass import CheckpointPass
-from ..checkpoints.config import CheckpointsConfig
+from ..checkpoints.policy import CheckpointsConfig
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config, trigger_program
 from ..cycle.pipeline import PollCycle
 from ..cycle.requeues import RequeueReconciler
 from ..cycle.track import AttemptTracker
 from ..cycle.view import ClusterObserver
-from ..drift.watch import DriftWatch, make_drift_watch
-from ..drill.watch import DrillWatch
+from ..drift.scheduled import DriftWatch, make_drift_watch
+from ..drill.runner import DrillWatch
 from ..errors import B300Error, SlurmError, StoreError
-from ..fence import Fence, FencedSlurm
-from ..health import CycleHealth
+from ..ha.fence import Fence, FencedSlurm
+from ..ha.lease import DbLease
 from ..interfaces import SlurmClient, Store
-from ..lease import DbLease
-from ..liveness.monitor import Confirmer
-from ..logs import configure_logging
-from ..mode import ACT, ActionPolicy, Withheld, action_policy
+from ..liveness.rounds import Confirmer
+from ..ops.health import CycleHealth
+from ..ops.logs import configure_logging
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import HangWatch
 from ..recovery.node_loss import NodeLossWatch
@@ -41,9 +40,10 @@ from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
-from ..spares.watch import SparePools, pool_user
+from ..safety.mode import ACT, ActionPolicy, Withheld, action_policy
+from ..spares.pools import SparePools, pool_user
 from ..spec import spec_of
-from ..training.watch import TrainingWatch
+from ..training.health_step import TrainingWatch
 from .daemon import CycleRunner, Daemon, DaemonParts
 from .lifetime import Lifetime
 from .operations import Operations
@@ -74,11 +74,11 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     current = _Current(config)
     lifetime = Lifetime(lease)
     lock = threading.Lock()
-    # Fencing (b300.fence): every changing Slurm call proves the lease first.
+    # Fencing (b300.ha.fence): every changing Slurm call proves the lease first.
     fence = Fence(lease, on_fenced=lifetime.lease_lost)
     if lease is not None:
         slurm = FencedSlurm(slurm, fence)
-    # [daemon] mode (b300.mode): in observe mode nothing below acts of its own accord; what
+    # [daemon] mode (b300.safety.mode): in observe mode nothing below acts of its own accord; what
     # it would have done is logged and recorded as action.withheld events.
     policy = action_policy(config)
     withheld = Withheld(store.append_events, policy.why)
@@ -96,10 +96,10 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
     # every resubmission. With no pool configured they ask Slurm once, at the first upkeep
     # (a pool an earlier config left is deleted), then nothing.
     # Which runs keep a pool's surplus and which nodes are promised: read from the store by
-    # the pools (b300.spares.watch.waiting_runs). The user is resolved now: a UID with no
+    # the pools (b300.spares.pools.waiting_runs). The user is resolved now: a UID with no
     # passwd entry is a one-line config error at start-up, not a KeyError every refill.
     # [spares] is live (SIGHUP): a pool added by a reload is made at the next upkeep, one
-    # dropped has its reservation deleted (b300.spares.watch.SparePools.upkeep).
+    # dropped has its reservation deleted (b300.spares.pools.SparePools.upkeep).
     pools_on = policy.reservations
     spares = SparePools(store, slurm, clock, lambda: current.get().spares, avoid=avoid,
                         user=pool_user(config.spares) if pools_on else "")
@@ -131,7 +131,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                               training=config.training)
     tracker = AttemptTracker(store, clock, accounting_grace_s=config.accounting_grace_s,
                              recovering=recovery_on, withheld=withheld)
-    # Training health (b300.training.watch): progress read and judged each cycle, whether
+    # Training health (b300.training.health_step): progress read and judged each cycle, whether
     # or not recovery is on (a finding is an event, a metric and an alert); with recovery on,
     # [training] straggler_action = "drain" also drains a straggler (b300.recovery.straggler_drain).
     training = TrainingWatch(store, clock, lambda: current.get().training, state_dir=config.state_dir,
@@ -239,8 +239,8 @@ def _node_loss_watch(config: Config, store: Store, slurm: SlurmClient, lock: thr
     cfg = config.liveness
     if not cfg.enabled:
         return None
-    from ..liveness.monitor import LivenessMonitor
     from ..liveness.probes import ProbeConfirmer, choose, prober
+    from ..liveness.rounds import LivenessMonitor
 
     ssh_ready = config.drift is not None and bool(config.drift.endpoints())
     chosen = choose(cfg, ssh_ready=ssh_ready)

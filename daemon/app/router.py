@@ -23,19 +23,19 @@ import structlog
 from ..checkpoints.access import checkpoint_dir_problem
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config
-from ..control import Peer, is_admin
-from ..control_client import refusal
+from ..control.client import refusal
+from ..control.server import Peer, is_admin
+from ..control.status_view import status_view
 from ..cycle.node_actions import NodeActions
-from ..drift.watch import DriftWatch
-from ..drill.watch import DrillWatch
+from ..drift.scheduled import DriftWatch
+from ..drill.runner import DrillWatch
 from ..errors import B300Error, NotFoundError, UsageError
-from ..fence import Fence
+from ..ha.fence import Fence
+from ..ha.lease import FencedError
 from ..interfaces import SlurmClient, Store
-from ..lease import FencedError
 from ..model import Run, attempt_to_dict, run_to_dict
 from ..run_actions import RunActions
 from ..spec import parse_spec
-from ..status_view import status_view
 from . import requests as rq
 
 log = structlog.get_logger(__name__)

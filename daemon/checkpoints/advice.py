@@ -16,7 +16,7 @@ from typing import Any
 from ..interfaces import Store
 from ..model import Attempt, AttemptState, CheckpointInfo, Run
 from ..spec import JobSpec
-from .schedule import (
+from .cadence import (
     HISTORY,
     FailureHistory,
     YoungDaly,

@@ -29,9 +29,9 @@ from ..interfaces import CheckpointLayout, CheckpointRepository, SlurmClient, St
 from ..model import Run, RunState
 from ..plugin_registry import PluginRegistry
 from ..spec import parse_spec
+from .cadence import HISTORY, ScheduleEnforcer
 from .layouts import load_layout
 from .manifest import ensure_manifest, read_manifest, verify
-from .schedule import HISTORY, ScheduleEnforcer
 
 log = structlog.get_logger(__name__)
 _ACTIVE = [RunState.SUBMITTING, RunState.PENDING, RunState.RUNNING, RunState.RECOVERING]

@@ -19,9 +19,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..faults import crashpoint
 from ..interfaces import ReplicationTarget
 from ..model import CheckpointInfo
+from ..safety.faults import crashpoint
 from .replicate import replica_records, verify_replica
 from .retention import CheckpointState, PrunePlan, RetentionPolicy, plan_prune
 from .walk import inside, real_root, top_entries

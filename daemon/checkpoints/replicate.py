@@ -32,10 +32,10 @@ from typing import Any
 import structlog
 
 from ..errors import UsageError
-from ..faults import crashpoint
 from ..interfaces import RemoteFile, RemoteHasher, ReplicationTarget, SentDigests
 from ..model import CheckpointInfo
 from ..plugin_registry import REPLICATION_TARGETS, PluginRegistry
+from ..safety.faults import crashpoint
 from .manifest import Manifest, ManifestEntry, write_manifest
 
 log = structlog.get_logger(__name__)

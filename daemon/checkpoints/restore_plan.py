@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .records import StoredCheckpoint
+from .entries import StoredCheckpoint
 from .replicate import replica_name
 
 _STEPS_SHOWN = 8  # known steps listed in "no checkpoint at step N"

@@ -48,11 +48,11 @@ from ..model import CheckpointInfo, Run
 from ..plugin_registry import PluginRegistry
 from ..spec import parse_spec
 from .checkpoint_pass import runs_to_look_after
-from .config import CheckpointsConfig, TargetConfig
+from .entries import plan_state
 from .layouts import load_layout
 from .manifest import read_manifest, verify
+from .policy import CheckpointsConfig, TargetConfig
 from .prune import anchor_of, finish_interrupted_deletes, plan_remote_prune, prune_local, prune_remote
-from .records import plan_state
 from .replicate import Throttle, load_target, replica_name, replicate
 from .resume import pending_resumes
 from .retention import PrunePlan, RetentionPolicy, plan_prune, requested_policy
@@ -95,9 +95,9 @@ class CheckpointUpkeep:
         withheld: Callable[..., None] | None = None,
     ) -> None:
         # With prune off (or the daemon observing), the deletes the rules would make are
-        # recorded through ``withheld`` (b300.mode.Withheld) instead.
+        # recorded through ``withheld`` (b300.safety.mode.Withheld) instead.
         self._withheld = withheld
-        # Proves the lease before every delete and copy (b300.fence); raises if it cannot.
+        # Proves the lease before every delete and copy (b300.ha.fence); raises if it cannot.
         self._fence = fence
         self._store = store
         self._checkpoints = checkpoints

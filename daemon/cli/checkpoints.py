@@ -23,7 +23,7 @@ from .output import print_table, show, size, when
 from .restore import RESTORE
 
 if TYPE_CHECKING:
-    from ..checkpoints.records import StoredCheckpoint
+    from ..checkpoints.entries import StoredCheckpoint
     from ..checkpoints.retention import CheckpointState, PrunePlan, RetentionPolicy
     from ..interfaces import Store
     from ..model import Run
@@ -68,8 +68,8 @@ def run_checkpoints(ctx: Context, args: argparse.Namespace) -> int:
 def _report(store: Store, run: Run, policy: RetentionPolicy, now: datetime, plugins: PluginRegistry,
             targets: Sequence[str] = ()) -> dict[str, Any]:
     from ..checkpoints.advice import stored_run_schedule
+    from ..checkpoints.entries import plan_state
     from ..checkpoints.layouts import explain_nothing, load_layout, recognise
-    from ..checkpoints.records import plan_state
     from ..checkpoints.resume import pending_resumes
     from ..checkpoints.retention import plan_prune
     from ..errors import B300Error
@@ -125,7 +125,7 @@ def _where(row: dict[str, Any]) -> str:
 
 
 def _print(reports: list[dict[str, Any]]) -> None:
-    from ..checkpoints.schedule import format_span
+    from ..checkpoints.cadence import format_span
 
     for r in reports:
         layout = f" ({r['layout']})" if r.get("layout") else ""

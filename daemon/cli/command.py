@@ -112,7 +112,7 @@ class Context:
     def ask(self, request: dict[str, Any], *, timeout: float = 180.0) -> tuple[int, dict[str, Any]]:
         """Send a request to the daemon: ``(0, result)``, or ``(exit code, {})`` after its
         one-line refusal was printed on stderr."""
-        from ..control_client import ask_daemon
+        from ..control.client import ask_daemon
 
         config = self.config()
         return ask_daemon(config.socket, request, timeout=timeout, admin_group=config.admin_group)

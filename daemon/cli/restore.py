@@ -23,9 +23,9 @@ from .command import Command, Context, arg
 from .output import print_json, size
 
 if TYPE_CHECKING:
-    from ..checkpoints.config import TargetConfig
     from ..checkpoints.fetch import FetchedFile
     from ..checkpoints.manifest import Manifest
+    from ..checkpoints.policy import TargetConfig
     from ..checkpoints.restore_plan import RestoreChoice
     from ..interfaces import ReplicationTarget
     from ..plugin_registry import PluginRegistry

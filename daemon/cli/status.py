@@ -3,7 +3,7 @@
 Asked of this host's b300d first (control op ``status``: the daemon has the store
 open, so b300ctl need not import SQLAlchemy and SQLModel, most of its start-up
 time); read from the store when no daemon answers (not running, not ours to ask, or
-older than this b300ctl). Both build the same data (:mod:`b300.status_view`). The
+older than this b300ctl). Both build the same data (:mod:`b300.control.status_view`). The
 list ends with which daemon holds the lease and what this host's b300d is.
 """
 
@@ -37,7 +37,7 @@ def run_status(ctx: Context, args: argparse.Namespace) -> int:
 def _from_daemon(socket_path: str, request: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
     """``(0, view)`` from the daemon; ``(0, None)`` when none answers; ``(code, None)``
     after printing its one-line refusal (an unknown run)."""
-    from ..control_client import call_daemon
+    from ..control.client import call_daemon
     from ..errors import DaemonUnavailableError
 
     try:
@@ -56,7 +56,7 @@ def _from_daemon(socket_path: str, request: dict[str, Any]) -> tuple[int, dict[s
 
 
 def _from_store(ctx: Context, request: dict[str, Any]) -> dict[str, Any]:
-    from ..status_view import status_view
+    from ..control.status_view import status_view
 
     cfg = ctx.config()
     store = ctx.open_store()
@@ -89,7 +89,7 @@ def _print_list(ctx: Context, view: dict[str, Any]) -> int:
 
 def _ping(socket_path: str) -> dict[str, Any] | None:
     """This host's b300d's ``ping`` answer, or None when none answers."""
-    from ..control_client import call_daemon
+    from ..control.client import call_daemon
     from ..errors import DaemonUnavailableError
 
     try:

@@ -30,7 +30,7 @@
                                          # the controller's view alone is taken
 
     [recovery]  ...   see RecoveryConfig
-    [checkpoints] ... see b300.checkpoints.config
+    [checkpoints] ... see b300.checkpoints.policy
     [drift] ...       see b300.config.tables.drift
     [report] [metrics] [alerts]  see b300.config.ops
 
@@ -40,7 +40,7 @@ the file's tables (:mod:`.tables`, loaded only by :func:`load_config`).
 """
 
 from .load import DEFAULT_CONFIG, config_path, load_config
-from .records import Config, RecoveryConfig, trigger_program, writable_paths
+from .settings import Config, RecoveryConfig, trigger_program, writable_paths
 
 __all__ = ["DEFAULT_CONFIG", "Config", "RecoveryConfig", "config_path", "load_config", "trigger_program",
            "writable_paths"]

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 from ..errors import AccessError, ConfigError
-from .records import Config
+from .settings import Config
 
 DEFAULT_CONFIG = "/etc/b300/b300.toml"
 
@@ -25,7 +25,7 @@ def load_config(path: str) -> Config:
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except PermissionError:
-        from ..permissions import unreadable
+        from ..safety.permissions import unreadable
 
         raise AccessError(unreadable(path, "config file")) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -14,8 +14,9 @@ One :meth:`PollCycle.run_once`:
    every cycle, so a crash between the tracker's commit and an action loses nothing):
    a job Slurm requeued itself is kept off the nodes that failed it and those are
    drained (:class:`~b300.cycle.requeues.RequeueReconciler`, from the
-   ``attempt.requeued`` record the tracker wrote with the state change); running attempts' progress is read and
-   judged (:class:`~b300.training.watch.TrainingWatch`: loss spikes, NaN, throughput,
+   ``attempt.requeued`` record the tracker wrote with the state change); running
+   attempts' progress is read and judged
+   (:class:`~b300.training.health_step.TrainingWatch`: loss spikes, NaN, throughput,
    stragglers, stalled checkpoint writes; an ended attempt's files are read a last
    time); running attempts whose training stopped advancing are cancelled
    (:class:`~b300.recovery.hangs.HangWatch`); runs whose attempt ended without completing are classified (pure,
@@ -36,14 +37,14 @@ from datetime import datetime
 import structlog
 
 from ..errors import SlurmError
-from ..faults import crashpoint
+from ..safety.faults import crashpoint
 from ..interfaces import SlurmClient, Store
 from ..model import Attempt, AttemptState, RunState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
-from ..spares.watch import SparePools
-from ..training.watch import TrainingWatch
+from ..spares.pools import SparePools
+from ..training.health_step import TrainingWatch
 from .requeues import RequeueReconciler
 from .track import AttemptTracker
 from .view import ClusterObserver

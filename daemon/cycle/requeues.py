@@ -29,7 +29,7 @@ import structlog
 
 from ..errors import SlurmError
 from ..events import Kind
-from ..faults import crashpoint
+from ..safety.faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, Event, NodeRecord
 from ..recovery.classify import node_is_bad

@@ -1,5 +1,5 @@
 """``docs/reference/events.md`` and ``docs/reference/metrics.md``, from :mod:`b300.events`
-and :mod:`b300.metrics`."""
+and :mod:`b300.ops.metrics`."""
 
 from __future__ import annotations
 
@@ -49,17 +49,17 @@ def render_events() -> str:
 
 def _full_snapshot() -> object:
     """A snapshot with every optional family present (spare pool, drift, a finished cycle)."""
-    from ..health import CycleSnapshot
-    from ..metrics import MetricsSnapshot
+    from ..ops.health import CycleSnapshot
+    from ..ops.metrics import MetricsSnapshot
 
     return MetricsSnapshot(cycle=CycleSnapshot(1, 0, 0.1, 1.0, None), drift_findings_open=0,
                            spare_pool_nodes={"partition": 0})
 
 
 def render_metrics() -> str:
-    """Every metric family :func:`b300.metrics.metric_families` exports, in its order."""
-    from ..health import CycleSnapshot
-    from ..metrics import MetricsSnapshot, metric_families
+    """Every metric family :func:`b300.ops.metrics.metric_families` exports, in its order."""
+    from ..ops.health import CycleSnapshot
+    from ..ops.metrics import MetricsSnapshot, metric_families
 
     always = {f.name for f in metric_families(MetricsSnapshot(cycle=CycleSnapshot(0, 0, None, None, None)))}
     lines = [

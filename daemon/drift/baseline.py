@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
 from ..interfaces import DriftProbe
-from .records import (
+from .scan_records import (
     Finding,
     FindingKind,
     NodeReport,

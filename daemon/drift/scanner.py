@@ -20,7 +20,7 @@ from ..errors import SlurmError, UsageError
 from ..interfaces import DriftProbe, DriftRepository, NodeCommandRunner, SlurmClient, Store
 from ..plugin_registry import PluginRegistry
 from .baseline import find_differences, node_report, plan_actions, released
-from .records import (
+from .scan_records import (
     DriftConfig,
     Finding,
     NodeReport,

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import paramiko
 import structlog
 
-from .records import CommandResult, Endpoint, NodeRun, NodeStatus, SshSettings
+from .scan_records import CommandResult, Endpoint, NodeRun, NodeStatus, SshSettings
 
-# Endpoint and SshSettings are plain records (drift/records.py, so that reading the
+# Endpoint and SshSettings are plain records (drift/scan_records.py, so that reading the
 # config needs no paramiko); they are re-exported here, where the SSH users look for them.
 __all__ = ["Endpoint", "ParamikoRunner", "SshSettings", "probe_script", "split_output"]
 log = structlog.get_logger(__name__)

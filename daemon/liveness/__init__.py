@@ -9,11 +9,14 @@ docs/design/liveness.md says why these checks and these defaults.
 """
 
 from ..model import NodeAddress
-from .config import LivenessConfig, load_liveness_config
 from .icmp import IcmpProber
 from .machine import Health, NodeLiveness, confirmed_dead, observe_checks, observe_confirmations, undecided
-from .monitor import Confirmer, LivenessMonitor, PrimaryProber, RoundReport
-from .records import (
+from .rounds import Confirmer, LivenessMonitor, PrimaryProber, RoundReport
+from .slurm_addr import parse_node_addresses, targets_for
+from .syn import SynProber
+from .tcp import TcpProber
+from .timing import LivenessConfig, load_liveness_config
+from .verdicts import (
     CheckOutcome,
     CheckResult,
     ConfirmOutcome,
@@ -22,9 +25,6 @@ from .records import (
     Target,
     Verdict,
 )
-from .slurm_addr import parse_node_addresses, targets_for
-from .syn import SynProber
-from .tcp import TcpProber
 
 __all__ = [
     "CheckOutcome", "CheckResult", "ConfirmOutcome", "ConfirmResult", "Confirmer", "Decision", "Health",

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .records import CheckOutcome, CheckResult, Target
+from .verdicts import CheckOutcome, CheckResult, Target
 
 #: The socket buffer is full: wait for room, the probe is sent later in the round.
 RETRY_LATER = frozenset({errno.EAGAIN, errno.ENOBUFS})

@@ -16,11 +16,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from ..drift.records import Endpoint, NodeRun, NodeStatus, SshSettings
+from ..drift.scan_records import Endpoint, NodeRun, NodeStatus, SshSettings
 from ..drift.ssh import ParamikoRunner
 from ..interfaces import NodeCommandRunner
-from .config import LivenessConfig
-from .records import ConfirmOutcome, ConfirmResult
+from .timing import LivenessConfig
+from .verdicts import ConfirmOutcome, ConfirmResult
 
 #: The one command the confirmation runs: proves the node can start a process.
 #: A node that authenticated us but did not finish it in time is still alive.

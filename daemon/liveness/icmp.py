@@ -36,7 +36,7 @@ from .batch import (
     errname,
     run_batch,
 )
-from .records import CheckOutcome, CheckResult, Target
+from .verdicts import CheckOutcome, CheckResult, Target
 
 _ECHO_REQUEST, _ECHO_REPLY, _UNREACH, _TIME_EXCEEDED = 8, 0, 3, 11
 _IP_RECVERR = getattr(socket, "IP_RECVERR", 11)

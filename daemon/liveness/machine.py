@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from .config import LivenessConfig
-from .records import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Decision, Verdict
+from .timing import LivenessConfig
+from .verdicts import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Decision, Verdict
 
 _KEEP = 6  # check results kept per node for the evidence text
 

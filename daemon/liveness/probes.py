@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .config import LivenessConfig
 from .icmp import IcmpProber, open_icmp_socket
-from .monitor import PrimaryProber
-from .records import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Target
+from .rounds import PrimaryProber
 from .syn import SynProber, open_syn_socket
 from .tcp import TcpProber
+from .timing import LivenessConfig
+from .verdicts import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Target
 
 #: What to set so that each host probe can run, for the start-up line.
 HOW_TO_ENABLE = {

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 
 from ..model import NodeAddress
-from .records import Target, check_node
+from .verdicts import Target, check_node
 
 # A record starts a line (multi-line and -o output alike); a reason cannot start one.
 _RECORD = re.compile(r"^NodeName=(\S+)", re.MULTILINE)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .batch import JEQ, LD_HALF_AT_X, LDX_IP_HEADER_LEN, RET, Answer, attach_filter, checksum, run_batch
-from .records import CheckOutcome, CheckResult, Target
+from .verdicts import CheckOutcome, CheckResult, Target
 
 _SYN, _RST, _ACK = 0x02, 0x04, 0x10
 _WINDOW = 1024

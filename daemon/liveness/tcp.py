@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .batch import errname, round_results
-from .records import CheckOutcome, CheckResult, Target
+from .verdicts import CheckOutcome, CheckResult, Target
 
 _REFUSED = {errno.ECONNREFUSED, errno.ECONNRESET}
 _UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}

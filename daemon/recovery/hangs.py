@@ -86,7 +86,7 @@ class HangWatch:
                  progress: Callable[[Attempt], str | None] | None = None,
                  withheld: Callable[..., None] | None = None) -> None:
         # withheld set (observe mode, recovery off): a hang is recorded once and its cancel
-        # withheld (b300.mode.Withheld); the job is left running.
+        # withheld (b300.safety.mode.Withheld); the job is left running.
         self._withheld = withheld
         self._held: set[int] = set()
         # progress: the training watch's step of an attempt ('' none yet), None where it does not

@@ -43,14 +43,14 @@ from ..errors import B300Error, SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..liveness.machine import Health
-from ..liveness.monitor import LivenessMonitor, RoundReport
-from ..liveness.records import Decision, Target, Verdict
+from ..liveness.rounds import LivenessMonitor, RoundReport
 from ..liveness.slurm_addr import targets_for
+from ..liveness.verdicts import Decision, Target, Verdict
 from ..model import Attempt, AttemptState, RunState
 from .relaunch import Relaunch, StepRelauncher
 
 if TYPE_CHECKING:
-    from ..mode import Withheld
+    from ..safety.mode import Withheld
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]

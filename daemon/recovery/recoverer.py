@@ -37,14 +37,14 @@ from ..cycle.node_actions import NodeActions, drained_by_us
 from ..cycle.view import ClusterView
 from ..errors import B300Error, SlurmError
 from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
-from ..faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, NodeRecord, Run, RunState
 from ..plugin_registry import PluginRegistry
 from ..run_actions import RunActions
+from ..safety.faults import crashpoint
 from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, spec_of
-from ..training.config import TrainingConfig, TrainingSpec
+from ..training.thresholds import TrainingConfig, TrainingSpec
 from .classify import (
     BlackHolePolicy,
     NodeStrikes,

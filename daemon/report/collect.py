@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import structlog
 
 from ..checkpoints.advice import run_schedule
-from ..checkpoints.schedule import HISTORY
+from ..checkpoints.cadence import HISTORY
 from ..errors import B300Error
 from ..events import Kind
 from ..interfaces import Store

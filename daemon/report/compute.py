@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from ..checkpoints.schedule import YoungDaly
+from ..checkpoints.cadence import YoungDaly
 from ..events import DRAINS, RETURNS, Kind
 from ..model import Attempt, Event, Run
 from ..training.stats import median

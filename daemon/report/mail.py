@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config.ops import SmtpConfig
 from ..errors import B300Error, ConfigError
-from ..permissions import check_secret_file
+from ..safety.permissions import check_secret_file
 from .compute import WeeklyReport
 from .render import charts, render_html, render_text, title
 

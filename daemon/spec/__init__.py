@@ -4,7 +4,7 @@ Records in :mod:`.records` (imported by most of the daemon, so kept free of
 pydantic), the grammar in :mod:`.tables`, text in and out in :mod:`.text`.
 """
 
-from .records import (
+from .jobspec import (
     CHECKPOINT_SIGNALS,
     LAYOUTS,
     MAX_SCRIPT_BYTES,

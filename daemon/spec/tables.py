@@ -1,6 +1,6 @@
 """A job spec's grammar: one pydantic model per TOML table (strict, unknown keys refused,
 frozen; see :mod:`b300.config.types`). Imported by :func:`b300.spec.parse_spec` when it
-first runs, so code that only reads a :class:`~b300.spec.records.JobSpec` does not pay for
+first runs, so code that only reads a :class:`~b300.spec.jobspec.JobSpec` does not pay for
 building the models."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pydantic import AfterValidator, Field, model_validator
 
 from ..config.duration import short_repr
 from ..config.types import NAME, AbsPath, Duration, Table, Text, expected, matches, one_of, problem
-from ..training.config import SignalOverrides
-from .records import CHECKPOINT_SIGNALS, LAYOUTS, RESERVED_ENV_PREFIXES, SIGNAL_TARGETS
+from ..training.thresholds import SignalOverrides
+from .jobspec import CHECKPOINT_SIGNALS, LAYOUTS, RESERVED_ENV_PREFIXES, SIGNAL_TARGETS
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
@@ -99,7 +99,7 @@ class HealthTable(Table):
     progress_file: AbsPath | None = None
     hang_timeout: Duration = 1800.0
     startup_timeout: Duration = 3600.0
-    # Training health (b300.training.config.TrainingSpec; docs/design/progress.md).
+    # Training health (b300.training.thresholds.TrainingSpec; docs/design/progress.md).
     megatron_log: bool = False
     model_params: Annotated[int, Field(ge=1, le=10**15)] | None = None
     tokens_per_sample: Annotated[int, Field(ge=1, le=10**9)] | None = None

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..model import Run
-from .records import MAX_SCRIPT_BYTES, CheckpointPolicy, HealthPolicy, JobSpec, RetryPolicy
+from .jobspec import MAX_SCRIPT_BYTES, CheckpointPolicy, HealthPolicy, JobSpec, RetryPolicy
 
 if TYPE_CHECKING:
-    from ..training.config import TrainingSpec
+    from ..training.thresholds import TrainingSpec
     from .tables import HealthTable
 
 
@@ -91,7 +91,7 @@ def _training_spec(health: HealthTable) -> TrainingSpec | None:
     given = health.model_fields_set & set(_TRAINING_KEYS)
     if not given:
         return None
-    from ..training.config import TrainingSpec
+    from ..training.thresholds import TrainingSpec
 
     data = {k: getattr(health, k) for k in given if getattr(health, k) is not None}
     if "no_restart_exit_codes" in data:

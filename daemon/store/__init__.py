@@ -105,7 +105,7 @@ def _readable_sqlite(database: str) -> str | None:
     file) and this user may not write the folder: SQLite would otherwise need to
     create the WAL index there just to read (the admin group reads, never writes).
     """
-    from ..permissions import unreadable
+    from ..safety.permissions import unreadable
 
     try:
         os.stat(database)

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from ..checkpoints.records import StoredCheckpoint
+from ..checkpoints.entries import StoredCheckpoint
 from ..errors import NotFoundError
 from ..events import Kind
 from ..interfaces import NewEvent

@@ -11,7 +11,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
 from ..errors import AccessError, ConfigError
-from ..permissions import check_secret_file, unreadable
+from ..safety.permissions import check_secret_file, unreadable
 
 _WHAT = "[daemon] database_password_file"
 _MAX_PASSWORD_BYTES = 4096
@@ -22,7 +22,7 @@ def read_password_file(path: str, *, reader: bool) -> str:
 
     ``reader`` (b300ctl): a file this user may not read is an AccessError that
     says what to do; for the daemon (``reader=False``) the file must also not be
-    readable by others (:func:`b300.permissions.check_secret_file`). A missing or
+    readable by others (:func:`b300.safety.permissions.check_secret_file`). A missing or
     empty file is a ConfigError. Every message is one line naming the file.
     """
     if not reader:

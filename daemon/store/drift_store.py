@@ -3,7 +3,7 @@
 :class:`DriftStore` works on a :class:`~b300.store.SqlStore` (its sessions
 and its event log), so findings change in the same transaction as their
 ``drift.*`` events. Rows never leave this module; callers get the records
-of :mod:`b300.drift.records`.
+of :mod:`b300.drift.scan_records`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlmodel import col, delete, select
 
-from ..drift.records import Finding, FindingKind, OpenFinding, Policy
+from ..drift.scan_records import Finding, FindingKind, OpenFinding, Policy
 from ..events import Kind
 from ..interfaces import NewEvent
 from .drift_tables import DriftDrainRow, DriftFindingRow, DriftScanRow

@@ -2,7 +2,7 @@
 
 The schema is owned by the Alembic revision ``0301``; ``tests/test_store.py``
 checks that this class describes the same table. Imported by ``b300.store`` so
-that it is part of ``METADATA``; :mod:`b300.lease` reads and writes it.
+that it is part of ``METADATA``; :mod:`b300.ha.lease` reads and writes it.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from collections import deque
 from datetime import datetime
 from typing import Any
 
-from .config import CheckpointStallThresholds
 from .findings import Finding, FindingKind
 from .protocol import CheckpointEvent, ProgressRecord
 from .stats import median
+from .thresholds import CheckpointStallThresholds
 
 
 class CheckpointStallMonitor:

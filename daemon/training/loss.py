@@ -22,10 +22,10 @@ from collections import deque
 from datetime import datetime
 from typing import Any
 
-from .config import LossSpikeThresholds
 from .findings import Finding, FindingKind
 from .protocol import ProgressRecord
 from .stats import MAD_TO_SIGMA, mad, median
+from .thresholds import LossSpikeThresholds
 
 
 class LossMonitor:

@@ -4,7 +4,7 @@
 ``N`` parameters costs about ``6 N`` FLOPs per token trained (2 N forward, 4 N
 backward; attention's own FLOPs and activation recomputation are left out, as in the
 usual definition of MFU). ``peak_flops_per_gpu`` comes from the config
-(``[training.peak]``, default :data:`b300.training.config.B300_DENSE_BF16_FLOPS`):
+(``[training.peak]``, default :data:`b300.training.thresholds.B300_DENSE_BF16_FLOPS`):
 it is a property of the parts and the number format, not a constant of nature.
 
 Where the job reports achieved TFLOP/s per GPU itself (Megatron's ``--log-throughput``,

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from .config import RestartLoopThresholds
 from .findings import Finding, FindingKind
 from .protocol import ExitIntent
+from .thresholds import RestartLoopThresholds
 
 
 @dataclass(frozen=True, slots=True)

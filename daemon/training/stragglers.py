@@ -24,10 +24,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from .config import StragglerThresholds
 from .findings import Finding, FindingKind
 from .protocol import ProgressRecord
 from .stats import median, robust_scale
+from .thresholds import StragglerThresholds
 
 
 class StragglerMonitor:

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .config import ThroughputThresholds
 from .findings import Finding, FindingKind
 from .protocol import CheckpointEvent, ProgressRecord
 from .stats import median, weighted_median
+from .thresholds import ThroughputThresholds
 
 _UNITS = ("tokens", "samples", "steps")
 

@@ -78,11 +78,11 @@ def make_store(state: Path, runs: int) -> str:
 @contextlib.contextmanager
 def running_daemon(cfg: Path, socket_path: Path, env: dict[str, str], log: Path) -> Iterator[None]:
     """A real b300d on the bench's config, until the block ends (SIGTERM, then waited for)."""
-    from b300.control_client import call_daemon
+    from b300.control.client import call_daemon
     from b300.errors import DaemonUnavailableError
 
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config", str(cfg)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config", str(cfg)], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60

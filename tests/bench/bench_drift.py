@@ -42,7 +42,7 @@ import drift_nodes as dn  # noqa: E402
 
 from b300.config.tables.drift import parse_drift_config  # noqa: E402
 from b300.drift.plugins import load_probes  # noqa: E402
-from b300.drift.records import NodeStatus  # noqa: E402
+from b300.drift.scan_records import NodeStatus  # noqa: E402
 from b300.drift.scanner import DriftScanner  # noqa: E402
 from b300.drift.ssh import ParamikoRunner, probe_script  # noqa: E402
 from b300.slurm.cli import CliSlurmClient  # noqa: E402

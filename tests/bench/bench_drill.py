@@ -240,7 +240,7 @@ def one_drill(base: Path, conf: str, mode: str, poll: str, sim: dn.Sim, n: int) 
     env = {**os.environ, "SLURM_CONF": conf}
     ctl = [sys.executable, "-m", "b300.ctl", "--config", str(cfg), "--json"]
     with open(work / "b300d.log", "wb") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config", str(cfg)],
+        daemon = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config", str(cfg)],
                                   env=env, stdout=out, stderr=subprocess.STDOUT)
     victim = ""
     try:

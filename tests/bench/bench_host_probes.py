@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "liveness"))
 
 from b300.liveness.icmp import IcmpProber  # noqa: E402
-from b300.liveness.monitor import PrimaryProber  # noqa: E402
-from b300.liveness.records import Target  # noqa: E402
+from b300.liveness.rounds import PrimaryProber  # noqa: E402
 from b300.liveness.syn import SynProber  # noqa: E402
 from b300.liveness.tcp import TcpProber  # noqa: E402
+from b300.liveness.verdicts import Target  # noqa: E402
 
 CLOSED = 9  # discard: nothing listens on loopback here
 

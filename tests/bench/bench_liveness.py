@@ -39,9 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "drift"))
 
-from b300.drift.records import Endpoint, SshSettings  # noqa: E402
-from b300.liveness.records import CheckOutcome, Target  # noqa: E402
+from b300.drift.scan_records import Endpoint, SshSettings  # noqa: E402
 from b300.liveness.tcp import TcpProber  # noqa: E402
+from b300.liveness.verdicts import CheckOutcome, Target  # noqa: E402
 
 _SERVE = r"""
 import os, resource, selectors, socket, sys
@@ -220,8 +220,8 @@ def bench_ssh(args: argparse.Namespace) -> None:
 def _confirm_rounds(args: argparse.Namespace, settings: SshSettings, addresses: dict[str, Endpoint]) -> None:
     """The confirmation as the monitor runs it (liveness defaults), on live nodes: how often
     it fails a node that is alive (the q of docs/design/liveness.md) and how long it takes."""
-    from b300.liveness.config import LivenessConfig
     from b300.liveness.confirm import SshConfirmer, confirm_runner
+    from b300.liveness.timing import LivenessConfig
     config = LivenessConfig()
     confirmer = SshConfirmer(confirm_runner(settings, addresses, config))
     outcomes: Counter[str] = Counter()

@@ -10,7 +10,7 @@
    ``--events N``: also N counted events per run (resubmissions, training findings,
    step relaunches: what ``/metrics`` counts). ``--database-url``: an empty database
    instead (e.g. PostgreSQL).
-2. Starts the daemon's metrics server (``b300.metrics.MetricsServer``) on loopback
+2. Starts the daemon's metrics server (``b300.ops.metrics.MetricsServer``) on loopback
    and times ``--scrapes`` scrapes over HTTP (store reading included).
 3. Times ``--renders`` renderings of one snapshot (the exposition format alone, no
    store, no HTTP): the part prometheus_client replaced.
@@ -31,11 +31,11 @@ import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
-from b300.health import CycleSnapshot
 from b300.interfaces import NewEvent
-from b300.logs import configure_logging
-from b300.metrics import MetricsServer, collect_metrics, render_metrics
 from b300.model import AttemptState, CheckpointInfo, RunState
+from b300.ops.health import CycleSnapshot
+from b300.ops.logs import configure_logging
+from b300.ops.metrics import MetricsServer, collect_metrics, render_metrics
 from b300.store import SqlStore, open_store
 
 SPEC = ('name = "bench"\n[job]\ncommand = "true"\nnodes = 2\ngpus_per_node = 0\n'

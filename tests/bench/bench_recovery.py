@@ -103,7 +103,7 @@ def bench_b300d(base: Path, conf: str, poll: str) -> dict[str, float]:
         "[checkpoint]", f'dir = "{run_dir / "ckpt"}"', 'layout = "dcp"']) + "\n")
     env = {**os.environ, "SLURM_CONF": conf}
     with open(base / "b300" / "b300d.log", "wb") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config",
+        daemon = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config",
                                    str(cfg)], env=env, stdout=out, stderr=subprocess.STDOUT)
     ctl = [sys.executable, "-m", "b300.ctl", "--config", str(cfg), "--json"]
     try:
@@ -276,7 +276,7 @@ def busy_run(base: Path, conf: str, sim: dn.Sim, mode: str, n: int, busy_s: floa
                 'layout = "dcp"', "[health]", f'progress_file = "{run_dir / "progress.json"}"',
                 'hang_timeout = "30m"', "[retries]", "infra = 3"]) + "\n")
             with open(work / "b300d.log", "wb") as log:
-                daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config",
+                daemon = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config",
                                            str(work / "b300.toml")], env=env, stdout=log,
                                           stderr=subprocess.STDOUT)
             wait(lambda: (state / "b300d.sock").exists(), 60, "b300d")

@@ -51,8 +51,8 @@ from typing import Any
 from b300.cycle.pipeline import PollCycle
 from b300.cycle.track import AttemptTracker
 from b300.cycle.view import ClusterObserver
-from b300.logs import configure_logging
 from b300.model import AttemptState
+from b300.ops.logs import configure_logging
 from b300.run_actions import RunActions
 from b300.slurm.cli import CliSlurmClient
 from b300.slurm.parse import parse_sbatch

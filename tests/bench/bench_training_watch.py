@@ -1,4 +1,4 @@
-"""CPU of the poll cycle's training step (b300.training.watch) at scale: RUNS running
+"""CPU of the poll cycle's training step (b300.training.health_step) at scale: RUNS running
 attempts of HOSTS hosts each on a real SQLite store, each host file getting LINES new
 progress lines per cycle (a step line with its own step time; rank 0's with loss and
 tokens too). Prints the CPU
@@ -21,8 +21,8 @@ from pathlib import Path
 from b300.model import AttemptState
 from b300.spec import dump_spec, parse_spec
 from b300.store import open_store
-from b300.training.config import TrainingConfig
-from b300.training.watch import TrainingWatch
+from b300.training.health_step import TrainingWatch
+from b300.training.thresholds import TrainingConfig
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 

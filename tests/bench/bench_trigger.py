@@ -94,14 +94,14 @@ def main() -> int:
     log = tmp / "b300d.log"
     env = {**os.environ, "SLURM_CONF": conf}
     with open(log, "ab") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config", str(cfg)],
+        daemon = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config", str(cfg)],
                                   env=env, stdout=out, stderr=subprocess.STDOUT)
     program = state / "node-down-trigger"
     rows: list[dict[str, float]] = []
     try:
         wait(lambda: any(r.get("event") == "trigger.armed" for r in log_lines(log)), 60, "trigger.armed", 0.05)
         print(f"slurm {sh('sinfo', '-V').strip()}; trigger program {program}")
-        from b300.control import call_daemon
+        from b300.control.server import call_daemon
 
         for i in range(args.events):
             time.sleep(random.uniform(0, 15))  # noqa: S311 - a random phase against the trigger pass

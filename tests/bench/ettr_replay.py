@@ -173,7 +173,7 @@ def main() -> int:
         env = {**os.environ, "SLURM_CONF": conf}
         ctl = [sys.executable, "-m", "b300.ctl", "--config", str(cfg), "--json"]
         log = open(work / "b300d.log", "wb")  # noqa: SIM115 - held for the daemon's life
-        daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config", str(cfg)],
+        daemon = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config", str(cfg)],
                                   env=env, stdout=log, stderr=subprocess.STDOUT)
         injected: list[dict[str, Any]] = []
         repairs: list[tuple[float, str]] = []

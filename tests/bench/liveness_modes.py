@@ -35,8 +35,8 @@ import threading
 import time
 from pathlib import Path
 
-from b300.liveness.records import Target
 from b300.liveness.tcp import TcpProber
+from b300.liveness.verdicts import Target
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "deploy" / "localcluster.sh"
@@ -235,7 +235,7 @@ def silent_scenario() -> None:
 _NETNS_INNER = r"""
 import socket, subprocess, sys, threading, time
 import paramiko
-from b300.liveness.records import Target
+from b300.liveness.verdicts import Target
 from b300.liveness.tcp import TcpProber
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(4096); port = srv.getsockname()[1]

@@ -8,9 +8,9 @@ import math
 from datetime import UTC, datetime, timedelta
 
 from b300.checkpoints.advice import stored_run_schedule
-from b300.health import CycleSnapshot
-from b300.metrics import collect_metrics, render_metrics
 from b300.model import AttemptState, CheckpointInfo, RunState
+from b300.ops.health import CycleSnapshot
+from b300.ops.metrics import collect_metrics, render_metrics
 from b300.report.collect import collect_report
 from b300.report.compute import Window
 from b300.report.render import render_text

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from ckpt_fixtures import generic
 
-from b300.checkpoints.config import CheckpointsConfig, TargetConfig
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest
+from b300.checkpoints.policy import CheckpointsConfig, TargetConfig
 from b300.checkpoints.prune import TRASH_PREFIX
 from b300.checkpoints.retention import RetentionPolicy
 from b300.checkpoints.upkeep import CheckpointUpkeep

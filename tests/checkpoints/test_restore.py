@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from ckpt_fixtures import write_file
 
+from b300.checkpoints.entries import StoredCheckpoint
 from b300.checkpoints.fetch import FetchedFile, fetch_replica, unsafe_rel
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import Manifest, ManifestEntry, ensure_manifest, verify
-from b300.checkpoints.records import StoredCheckpoint
 from b300.checkpoints.replicate import load_target, replicate
 from b300.checkpoints.restore_plan import restore_choices
 from b300.cli import build_parser

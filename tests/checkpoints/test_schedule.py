@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from ckpt_fixtures import generic
 
-from b300.checkpoints.layouts import load_layout
-from b300.checkpoints.schedule import (
+from b300.checkpoints.cadence import (
     FailureIndex,
     ScheduleEnforcer,
     failure_history,
@@ -26,6 +25,7 @@ from b300.checkpoints.schedule import (
     young_daly,
     young_daly_interval,
 )
+from b300.checkpoints.layouts import load_layout
 from b300.interfaces import NewEvent
 from b300.model import Attempt, AttemptState, CheckpointInfo, Event, Run, RunState
 from b300.slurm.cli import CliSlurmClient

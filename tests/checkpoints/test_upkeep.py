@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from ckpt_fixtures import S3Server, SshServer, generic
 
-from b300.checkpoints.config import CheckpointsConfig, TargetConfig
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest
+from b300.checkpoints.policy import CheckpointsConfig, TargetConfig
 from b300.checkpoints.prune import TRASH_PREFIX
 from b300.checkpoints.replicate import load_target, replica_records, verify_replica
 from b300.checkpoints.retention import RetentionPolicy

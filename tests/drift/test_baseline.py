@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b300.drift.baseline import drain_reason, expected_values, find_differences, node_report, plan_actions
-from b300.drift.records import (
+from b300.drift.scan_records import (
     CommandResult,
     Finding,
     FindingKind,

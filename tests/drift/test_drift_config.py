@@ -9,7 +9,7 @@ import pytest
 
 from b300.config import load_config
 from b300.config.tables.drift import parse_drift_config
-from b300.drift.records import Endpoint, Policy
+from b300.drift.scan_records import Endpoint, Policy
 from b300.errors import ConfigError
 
 BASE: dict[str, Any] = {"known_hosts": "/etc/b300/known_hosts", "nodes": {"gpu01": "10.0.0.1"}}

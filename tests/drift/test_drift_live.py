@@ -19,10 +19,10 @@ from drift_nodes import Sim
 
 from b300.config.tables.drift import parse_drift_config
 from b300.drift.plugins import load_probes
-from b300.drift.records import DriftConfig, FindingKind, NodeStatus, Policy
+from b300.drift.scan_records import DriftConfig, FindingKind, NodeStatus, Policy
 from b300.drift.scanner import DriftScanner
 from b300.drift.ssh import ParamikoRunner
-from b300.mode import Withheld
+from b300.safety.mode import Withheld
 from b300.slurm.cli import CliSlurmClient
 from b300.store import SqlStore, open_store
 from helpers import slurm_cmd
@@ -186,7 +186,7 @@ def test_watch_rescans_only_when_the_last_scan_is_too_old(sim: Sim, store: SqlSt
 
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from b300.drift.watch import DriftWatch
+    from b300.drift.scheduled import DriftWatch
 
     now = [T0]
     cfg = drift_config(sim, {"gpu01": sim.port("good1"), "gpu02": sim.port("good2")},

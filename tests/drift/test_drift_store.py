@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from b300.drift.records import Finding, FindingKind, Policy
+from b300.drift.scan_records import Finding, FindingKind, Policy
 from b300.store import SqlStore
 from store_fixtures import (  # noqa: F401  (fixtures: store, store_url, pg_database)
     pg_database_fixture,

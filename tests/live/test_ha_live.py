@@ -1,6 +1,6 @@
 """High availability: two real b300d processes on one PostgreSQL and the real cluster.
 
-The active daemon holds the lease row (b300.lease); the other waits as a
+The active daemon holds the lease row (b300.ha.lease); the other waits as a
 standby. Each test breaks the active one in one of the ways HA exists for --
 SIGKILL, SIGSTOP for twice the TTL, its database path cut by a proxy that
 stops forwarding but keeps the sockets open, its lease session terminated by
@@ -83,7 +83,7 @@ def _actions_after(handle: DaemonHandle, since: float) -> list[dict[str, Any]]:
 
 
 def _ping(handle: DaemonHandle) -> dict[str, Any]:
-    from b300.control import call_daemon
+    from b300.control.server import call_daemon
     from b300.errors import DaemonUnavailableError
 
     try:

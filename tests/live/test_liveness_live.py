@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from b300.drift.records import Endpoint, SshSettings
-from b300.liveness.config import LivenessConfig
+from b300.drift.scan_records import Endpoint, SshSettings
 from b300.liveness.confirm import SshConfirmer, confirm_runner
 from b300.liveness.machine import window_rounds
-from b300.liveness.monitor import LivenessMonitor, RoundReport
-from b300.liveness.records import CheckOutcome, Target, Verdict
+from b300.liveness.rounds import LivenessMonitor, RoundReport
 from b300.liveness.slurm_addr import parse_node_addresses, targets_for
 from b300.liveness.tcp import TcpProber
+from b300.liveness.timing import LivenessConfig
+from b300.liveness.verdicts import CheckOutcome, Target, Verdict
 from helpers import CLUSTER, slurm_cmd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "drift"))

@@ -38,7 +38,7 @@ def test_release_older_than_oldest_tested_is_refused(tmp_path: Path) -> None:
     (bin_dir / "sinfo").chmod(0o755)
     d = make_daemon(tmp_path, str(tmp_path / "slurm.conf"))
     d.config.write_text(d.config.read_text() + f'bin_dir = "{bin_dir}"\n')
-    proc = subprocess.run([sys.executable, "-m", "b300.daemon_main", "--config", str(d.config)],
+    proc = subprocess.run([sys.executable, "-m", "b300.app.main", "--config", str(d.config)],
                           capture_output=True, text=True, env=d.env, timeout=60, check=False)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

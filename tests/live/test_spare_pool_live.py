@@ -260,8 +260,8 @@ def test_a_deferred_pooled_intent_is_placed_again_only_if_the_pool_still_fits(
     from b300.plugin_registry import PluginRegistry
     from b300.run_actions import RunActions, new_run_id
     from b300.slurm import make_slurm_client
-    from b300.spares.config import load_spares_config
-    from b300.spares.watch import SparePools
+    from b300.spares.pool_config import load_spares_config
+    from b300.spares.pools import SparePools
     from b300.store import open_store
 
     slurm = make_slurm_client("cli", slurm_conf=conf, bin_dir=None, timeout=30.0,
@@ -315,8 +315,8 @@ def test_spares_follow_a_reload_and_a_spec_without_partition_uses_the_default_po
     from b300.events import Kind
     from b300.plugin_registry import PluginRegistry
     from b300.slurm import make_slurm_client
-    from b300.spares.config import load_spares_config
-    from b300.spares.watch import SparePools
+    from b300.spares.pool_config import load_spares_config
+    from b300.spares.pools import SparePools
     from b300.spec import parse_spec
     from b300.store import open_store
 

@@ -40,7 +40,7 @@ def base() -> Iterator[Path]:
 
 
 def _start_in_unit_view(d: DaemonHandle) -> list[str]:
-    paths = subprocess.run([sys.executable, "-m", "b300.daemon_main", "--config", str(d.config),
+    paths = subprocess.run([sys.executable, "-m", "b300.app.main", "--config", str(d.config),
                             "--print-paths"], capture_output=True, text=True, timeout=60,
                            check=True, env=d.env).stdout.split()
     for p in paths:
@@ -58,7 +58,7 @@ def _start_in_unit_view(d: DaemonHandle) -> list[str]:
         script += (f"mkdir -p {shlex.quote(str(REPO))}\n"
                    f"mount --bind {shlex.quote(str(held))} {shlex.quote(str(REPO))}\n")
     script += "mount -o remount,bind,ro /\n"
-    script += f"exec {shlex.quote(sys.executable)} -m b300.daemon_main --config {shlex.quote(str(d.config))}\n"
+    script += f"exec {shlex.quote(sys.executable)} -m b300.app.main --config {shlex.quote(str(d.config))}\n"
     with open(d.log, "ab") as out:
         # unshare and sh exec: the pid is the daemon's own.
         d.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],

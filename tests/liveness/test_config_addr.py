@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from b300.liveness.config import LivenessConfig, load_liveness_config
-from b300.liveness.records import Target
 from b300.liveness.slurm_addr import (
     parse_node_addresses,
     parse_slurmd_port,
     targets_for,
     with_default_port,
 )
+from b300.liveness.timing import LivenessConfig, load_liveness_config
+from b300.liveness.verdicts import Target
 from b300.model import NodeAddress
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"

@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 import drift_nodes as dn
 from drift_nodes import Sim
 
-from b300.drift.records import Endpoint, SshSettings
-from b300.liveness.config import LivenessConfig
+from b300.drift.scan_records import Endpoint, SshSettings
 from b300.liveness.confirm import SshConfirmer, confirm_runner
-from b300.liveness.monitor import LivenessMonitor
-from b300.liveness.records import ConfirmOutcome, Target, Verdict
+from b300.liveness.rounds import LivenessMonitor
 from b300.liveness.tcp import TcpProber
+from b300.liveness.timing import LivenessConfig
+from b300.liveness.verdicts import ConfirmOutcome, Target, Verdict
 
 CFG = LivenessConfig()
 

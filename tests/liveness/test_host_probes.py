@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from b300.liveness.config import LivenessConfig
 from b300.liveness.icmp import IcmpProber
-from b300.liveness.monitor import LivenessMonitor
 from b300.liveness.probes import ProbeConfirmer
-from b300.liveness.records import CheckOutcome, Decision, Target, Verdict
+from b300.liveness.rounds import LivenessMonitor
 from b300.liveness.syn import SynProber
+from b300.liveness.timing import LivenessConfig
+from b300.liveness.verdicts import CheckOutcome, Decision, Target, Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns
@@ -122,7 +122,7 @@ def test_without_cap_net_raw_the_icmp_datagram_socket_is_used_where_the_group_ma
     host.inside("sysctl", "-q", "net.ipv4.ping_group_range=0 0")
     outer = host.addr.rsplit(".", 1)[0] + ".1"
     script = ("from b300.liveness.icmp import IcmpProber, open_icmp_socket\n"
-              "from b300.liveness.probes import can_run\nfrom b300.liveness.records import Target\n"
+              "from b300.liveness.probes import can_run\nfrom b300.liveness.verdicts import Target\n"
               "s, dgram = open_icmp_socket(); s.close(); print('dgram', dgram)\n"
               f"rs = IcmpProber(timeout_s=0.8).check([Target('a', '127.0.0.1', 1), Target('b', '{outer}', 1),"
               " Target('c', '10.99.99.99', 1)], 1.0)\n"

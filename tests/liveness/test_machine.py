@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b300.liveness.config import LivenessConfig
 from b300.liveness.machine import Health, NodeLiveness, Step, observe_checks, observe_confirmations
-from b300.liveness.records import (
+from b300.liveness.timing import LivenessConfig
+from b300.liveness.verdicts import (
     CheckOutcome,
     CheckResult,
     ConfirmOutcome,

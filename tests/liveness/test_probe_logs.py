@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from b300.liveness.icmp import IcmpProber
-from b300.liveness.records import CheckOutcome, Target
 from b300.liveness.slurm_addr import parse_node_addresses, parse_slurmd_port, with_default_port
 from b300.liveness.syn import SynProber
 from b300.liveness.tcp import TcpProber
+from b300.liveness.verdicts import CheckOutcome, Target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "drift"))
 import drift_nodes as dn

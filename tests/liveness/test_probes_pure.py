@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b300.liveness.batch import checksum
-from b300.liveness.config import LivenessConfig
 from b300.liveness.icmp import IcmpProber
 from b300.liveness.machine import Health, observe_checks, observe_confirmations
 from b300.liveness.probes import ProbeConfirmer, choose
-from b300.liveness.records import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Target, Verdict
 from b300.liveness.syn import SynProber, tcp_segment
 from b300.liveness.tcp import TcpProber
+from b300.liveness.timing import LivenessConfig
+from b300.liveness.verdicts import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Target, Verdict
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 CFG = LivenessConfig()
@@ -151,7 +151,7 @@ def test_without_cap_net_raw_the_start_up_line_says_what_to_set() -> None:
 
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv to start a process without CAP_NET_RAW")
-    script = ("from b300.liveness.config import LivenessConfig\nfrom b300.liveness.probes import choose\n"
+    script = ("from b300.liveness.timing import LivenessConfig\nfrom b300.liveness.probes import choose\n"
               "c = choose(LivenessConfig(), ssh_ready=False)\nprint(c.primary, repr(c.confirm))\n"
               "print('\\n'.join(c.notes))\n")
     drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-net_raw"]

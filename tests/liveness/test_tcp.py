@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from b300.liveness.records import CheckOutcome, Target
 from b300.liveness.tcp import TcpProber
+from b300.liveness.verdicts import CheckOutcome, Target
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from as_user import ctl_as
 from b300.checkpoints.layouts import load_layout
 from b300.checkpoints.manifest import ensure_manifest
 from b300.cli import main as ctl_main
-from b300.control import call_daemon
+from b300.control.server import call_daemon
 from b300.errors import DaemonUnavailableError
 from b300.model import RunState
 from b300.store import open_store

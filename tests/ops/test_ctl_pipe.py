@@ -10,9 +10,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from b300.health import CycleHealth
 from b300.interfaces import NewEvent
-from b300.metrics import MetricsSnapshot, render_metrics
+from b300.ops.health import CycleHealth
+from b300.ops.metrics import MetricsSnapshot, render_metrics
 from b300.store import open_store
 
 

@@ -14,12 +14,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
-from b300.health import CycleSnapshot
-from b300.metrics import MetricsServer, MetricsSnapshot, collect_metrics, render_metrics
 from b300.model import RunState
+from b300.ops.health import CycleSnapshot
+from b300.ops.metrics import MetricsServer, MetricsSnapshot, collect_metrics, render_metrics
 from b300.store import SqlStore, open_store
-from b300.training.monitor import TrainingSnapshot
-from b300.training.watch import RunFigures
+from b300.training.detectors import TrainingSnapshot
+from b300.training.health_step import RunFigures
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 CYCLE = CycleSnapshot(7, 1, 0.25, 1764590400.5, None, 2)
@@ -55,7 +55,7 @@ FAMILIES = {
     "b300_cycle_overruns": ("counter", (), "poll cycles that outlived the poll interval"),
     "b300_cycle_duration_seconds": ("gauge", (), "wall time of the last poll cycle"),
     "b300_last_cycle_timestamp": ("gauge", (), "unix time the last poll cycle ended"),
-    # training health (issue 17, b300.training.watch)
+    # training health (issue 17, b300.training.health_step)
     "b300_training_step": ("gauge", ("run",), "newest training step the running attempt reported"),
     "b300_training_loss": ("gauge", ("run",), "newest training loss the running attempt reported"),
     "b300_training_tokens_per_second": ("gauge", ("run",),
@@ -304,8 +304,8 @@ def test_ipv6_loopback() -> None:
 def test_describe_names_every_family_a_scrape_can_export() -> None:
     """The registry learns names from describe(): a family missing there is unknown to a
     scrape's name filter (the spare pool's was)."""
-    from b300.health import CycleSnapshot
-    from b300.metrics import MetricsSnapshot, SnapshotCollector, metric_families
+    from b300.ops.health import CycleSnapshot
+    from b300.ops.metrics import MetricsSnapshot, SnapshotCollector, metric_families
 
     full = MetricsSnapshot(cycle=CycleSnapshot(1, 0, 0.1, 1.0, None), drift_findings_open=0,
                            spare_pool_nodes={"batch": 2})

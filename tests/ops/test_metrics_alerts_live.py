@@ -19,9 +19,9 @@ import pytest
 from aiosmtpd.controller import Controller
 from prometheus_client.parser import text_string_to_metric_families
 
-from b300.alerts import alerts_for
 from b300.interfaces import NewEvent
 from b300.model import Event
+from b300.ops.alerts import alerts_for
 from b300.store import open_store
 from helpers import DaemonHandle, make_daemon, wait_for, write_spec
 

@@ -12,7 +12,7 @@ import pytest
 from b300.app.reloader import plan_reload
 from b300.config import load_config
 from b300.errors import ConfigError
-from b300.health import CycleHealth, Watchdog, watchdog_interval_s
+from b300.ops.health import CycleHealth, Watchdog, watchdog_interval_s
 
 
 def _cfg(tmp_path: Path, extra: str = "", daemon: str = "") -> Path:

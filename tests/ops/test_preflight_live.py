@@ -2,7 +2,7 @@
 
 The local Slurm cluster, real sshd nodes (tests/drift/drift_nodes.py), a real SMTP
 server (aiosmtpd, STARTTLS and AUTH), SQLite and a PostgreSQL URL nothing listens on.
-Each check is run as the operator runs it: ``python -m b300.daemon_main`` in its own process.
+Each check is run as the operator runs it: ``python -m b300.app.main`` in its own process.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ NOBODY = 65534
 
 
 def _b300d(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "b300.daemon_main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "b300.app.main", *args], capture_output=True, text=True,
                           timeout=120, check=False, env=env)
 
 
@@ -337,7 +337,7 @@ def test_a_folder_the_service_user_cannot_write_fails(tmp_path: Path, slurm_conf
         # The check's own code in a process of user nobody: it runs once as root first so that
         # everything it imports is loaded (the interpreter's files are under /root, 0700 here),
         # then drops to nobody for good and runs again.
-        code = ("import contextlib, io, os, sys\nfrom b300.daemon_main import main\n"
+        code = ("import contextlib, io, os, sys\nfrom b300.app.main import main\n"
                 "with contextlib.redirect_stdout(io.StringIO()):\n    main(sys.argv[1:])\n"
                 f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
                 f"assert os.getuid() == os.geteuid() == {NOBODY}\n"
@@ -365,7 +365,7 @@ def test_a_folder_the_service_user_cannot_write_fails(tmp_path: Path, slurm_conf
 def test_version_needs_no_config_and_no_slurm(tmp_path: Path) -> None:
     env = {"PATH": str(tmp_path), "B300_CONFIG": str(tmp_path / "missing.toml"), "HOME": str(tmp_path)}
     want = metadata.version("b300-orchestrator")
-    for program, module in (("b300d", "b300.daemon_main"), ("b300ctl", "b300.cli")):
+    for program, module in (("b300d", "b300.app.main"), ("b300ctl", "b300.cli")):
         proc = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
                               timeout=60, check=False, env=env)
         assert proc.returncode == 0, proc.stderr
@@ -387,7 +387,7 @@ def test_help_lists_the_new_options() -> None:
 
 def test_submit_dry_run_names_exclusions_and_resume_point_and_submits_nothing(
         tmp_path: Path, slurm_conf: str, nodes: Sim) -> None:
-    from b300.drift.records import Finding, FindingKind, Policy
+    from b300.drift.scan_records import Finding, FindingKind, Policy
     from b300.events import Kind
     from b300.interfaces import NewEvent
     from b300.slurm.cli import CliSlurmClient

@@ -29,7 +29,7 @@ from report_history import W0, W1, Expected, build_history
 from b300.config.ops import ReportConfig, SmtpConfig
 from b300.report.collect import collect_report
 from b300.report.compute import Window
-from b300.report.schedule import (
+from b300.report.weekly import (
     catch_up_weekly_report,
     report_window,
     schedule_report,

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b300.training.checkpoint_stall import CheckpointStallMonitor
-from b300.training.config import CheckpointStallThresholds
 from b300.training.findings import FindingKind
 from b300.training.protocol import CheckpointEvent, ProgressRecord
+from b300.training.thresholds import CheckpointStallThresholds
 
 T0 = 1_800_000_000.0
 TH = CheckpointStallThresholds()   # 30 min; then 5x the median save, at least 5 min

@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b300.training.config import LossSpikeThresholds
 from b300.training.findings import FindingKind
 from b300.training.loss import LossMonitor
 from b300.training.protocol import ProgressRecord
+from b300.training.thresholds import LossSpikeThresholds
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 TH = LossSpikeThresholds()

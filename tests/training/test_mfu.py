@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from b300.training.config import B300_DENSE_BF16_FLOPS
 from b300.training.mfu import mfu_from_tflops, model_flops_utilization, training_flops
+from b300.training.thresholds import B300_DENSE_BF16_FLOPS
 
 
 def test_by_hand() -> None:

@@ -20,7 +20,7 @@ from b300.model import AttemptState
 from b300.recovery.recoverer import Recoverer
 from b300.spec import dump_spec, parse_spec, spec_of
 from b300.store import SqlStore, open_store
-from b300.training.config import TrainingConfig
+from b300.training.thresholds import TrainingConfig
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 

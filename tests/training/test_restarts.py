@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b300.training.config import RestartLoopThresholds
 from b300.training.findings import FindingKind
 from b300.training.protocol import ExitIntent
 from b300.training.restarts import (
@@ -17,6 +16,7 @@ from b300.training.restarts import (
     classify_exit,
     restart_loop_decision,
 )
+from b300.training.thresholds import RestartLoopThresholds
 
 TH = RestartLoopThresholds()   # 3 attempts in a row
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

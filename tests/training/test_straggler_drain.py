@@ -25,8 +25,8 @@ from b300.recovery.straggler_drain import (
 from b300.slurm.cli import CliSlurmClient
 from b300.spec import dump_spec, parse_spec, spec_of
 from b300.store import SqlStore, open_store
-from b300.training.config import TrainingConfig, load_training_config
-from b300.training.watch import TrainingWatch
+from b300.training.health_step import TrainingWatch
+from b300.training.thresholds import TrainingConfig, load_training_config
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 DRAIN = TrainingConfig.model_validate({"straggler": {"steps": 5}, "straggler_action": "drain",

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b300.training.config import StragglerThresholds
 from b300.training.findings import Finding, FindingKind
 from b300.training.protocol import ProgressRecord
 from b300.training.stragglers import StragglerMonitor
+from b300.training.thresholds import StragglerThresholds
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 TH = StragglerThresholds()   # 1.3x the others' median (and 3.5 robust sigmas with 4+ hosts) for 10 steps

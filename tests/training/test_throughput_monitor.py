@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from b300.training.config import ThroughputThresholds
 from b300.training.findings import Finding, FindingKind
 from b300.training.protocol import CheckpointEvent, ProgressRecord
+from b300.training.thresholds import ThroughputThresholds
 from b300.training.throughput import ThroughputMonitor
 
 T0 = 1_800_000_000.0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from b300.errors import ConfigError, SpecError, UsageError
-from b300.training.config import (
+from b300.training.thresholds import (
     LossSpikeThresholds,
     TrainingConfig,
     load_training_config,

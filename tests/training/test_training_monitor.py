@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from b300.training.config import TrainingConfig, TrainingSpec
+from b300.training.detectors import MfuInputs, TrainingMonitor
 from b300.training.findings import FindingKind
-from b300.training.monitor import MfuInputs, TrainingMonitor
 from b300.training.progress import ProgressWriter
 from b300.training.protocol import ExitIntent, ProgressRecord
 from b300.training.reader import ProgressTailer
+from b300.training.thresholds import TrainingConfig, TrainingSpec
 
 T0 = 1_800_000_000.0
 THRESHOLDS = TrainingConfig().for_run(TrainingSpec())

@@ -16,7 +16,7 @@ from b300.config import Config, load_config
 from b300.model import Attempt, AttemptState
 from b300.spec import dump_spec, parse_spec
 from b300.store import SqlStore, open_store
-from b300.training.watch import TrainingWatch
+from b300.training.health_step import TrainingWatch
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""The poll cycle's training step (b300.training.watch) on a real SQLite store and real
+"""The poll cycle's training step (b300.training.health_step) on a real SQLite store and real
 progress files: findings become events once, a restarted daemon neither re-alarms nor
 forgets (with its state file, and rebuilt from the files without it), reads are bounded
 per cycle, an ended attempt's last lines (its exit intent) are read."""
@@ -15,8 +15,8 @@ import pytest
 from b300.model import Attempt, AttemptState
 from b300.spec import dump_spec, parse_spec
 from b300.store import SqlStore, open_store
-from b300.training.config import TrainingConfig
-from b300.training.watch import TrainingWatch, progress_paths
+from b300.training.health_step import TrainingWatch, progress_paths
+from b300.training.thresholds import TrainingConfig
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 CFG = TrainingConfig.model_validate({"loss": {"window": 20, "min_points": 10},

@@ -19,7 +19,7 @@ from b300.cli.command import walk
 from b300.store import open_store
 
 # What a query must never pull in: the daemon and its scheduler, SSH, migrations.
-_DAEMON_ONLY = ("apscheduler", "paramiko", "alembic", "b300.service", "b300.lease", "b300.tracker",
+_DAEMON_ONLY = ("apscheduler", "paramiko", "alembic", "b300.service", "b300.ha.lease", "b300.tracker",
                 "b300.recovery.service", "b300.checkpoints.upkeep")
 
 

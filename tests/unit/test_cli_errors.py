@@ -47,7 +47,7 @@ def test_bad_spec(cfg: Path, tmp_path: Path) -> None:
 def test_bad_config(tmp_path: Path) -> None:
     p = tmp_path / "bad.toml"
     p.write_text("[daemon]\npoll_interval = 'x'\n")
-    for module, args in (("b300.ctl", ["status"]), ("b300.daemon_main", [])):
+    for module, args in (("b300.ctl", ["status"]), ("b300.app.main", [])):
         proc = _run("--config", str(p), *args, module=module)
         assert proc.returncode == 2
         assert "poll_interval" in _one_line(proc)
@@ -96,7 +96,7 @@ def test_daemon_refuses_a_config_others_can_write(tmp_path: Path) -> None:
     p = tmp_path / "open.toml"
     p.write_text(f"[daemon]\nstate_dir = '{tmp_path / 'state'}'\n")
     p.chmod(0o666)
-    proc = _run("--config", str(p), module="b300.daemon_main")
+    proc = _run("--config", str(p), module="b300.app.main")
     assert proc.returncode == 2
     assert "writable by group or others" in _one_line(proc)
 
@@ -107,6 +107,6 @@ def test_daemon_refuses_a_world_writable_state_dir(tmp_path: Path) -> None:
     state.chmod(0o777)
     p = tmp_path / "b300.toml"
     p.write_text(f"[daemon]\nstate_dir = '{state}'\n")
-    proc = _run("--config", str(p), module="b300.daemon_main")
+    proc = _run("--config", str(p), module="b300.app.main")
     assert proc.returncode == 2
     assert "state directory" in _one_line(proc)

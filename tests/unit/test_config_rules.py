@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from b300.checkpoints.config import CheckpointsConfig
+from b300.checkpoints.policy import CheckpointsConfig
 from b300.config import Config, RecoveryConfig, load_config
 from b300.config.ops import AlertsConfig, MetricsConfig, ReportConfig
 from b300.errors import ConfigError, SpecError
-from b300.liveness.config import LivenessConfig
+from b300.liveness.timing import LivenessConfig
 from b300.spec import JobSpec, parse_spec
 
 
@@ -142,7 +142,8 @@ def test_spec_errors(text: str, message: str) -> None:
 def test_importing_the_records_does_not_build_the_validators() -> None:
     """b300ctl and most of the daemon only read Config and JobSpec; pydantic (and paramiko, which
     [drift]'s SSH records used to pull in) are loaded when a file is parsed, not at import."""
-    code = ("import sys, b300.config, b300.spec, b300.config.ops, b300.checkpoints.config, b300.drift.records\n"
+    code = ("import sys, b300.config, b300.spec, b300.config.ops, b300.checkpoints.policy,"
+            " b300.drift.scan_records\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'pydantic_core', 'paramiko'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

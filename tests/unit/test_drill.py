@@ -12,7 +12,7 @@ import pytest
 
 from b300.app.requests import parse_request
 from b300.cli.drill import drill_timeout
-from b300.drill.config import command_problem, node_argv
+from b300.drill.crash_config import command_problem, node_argv
 from b300.drill.timeline import (
     DrillStart,
     drill_figures,

@@ -18,7 +18,7 @@ import structlog
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from b300.logs import CHATTY_LIBRARIES, configure_logging
+from b300.ops.logs import CHATTY_LIBRARIES, configure_logging
 
 
 class Captured:

@@ -1,5 +1,5 @@
 """``[daemon] mode`` and the switches that hold actions back: what a config allows the
-daemon to do of its own accord (b300.mode), and the record of what it held back."""
+daemon to do of its own accord (b300.safety.mode), and the record of what it held back."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from b300.config import load_config
 from b300.errors import ConfigError
 from b300.events import Kind
 from b300.interfaces import NewEvent
-from b300.mode import Withheld, action_policy
+from b300.safety.mode import Withheld, action_policy
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from b300.errors import ConfigError
-from b300.permissions import check_not_writable_by_others, check_secret_file
+from b300.safety.permissions import check_not_writable_by_others, check_secret_file
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o604, 0o620, 0o666])

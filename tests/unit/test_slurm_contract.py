@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from b300.errors import SlurmError
-from b300.fence import Fence, FencedSlurm
+from b300.ha.fence import Fence, FencedSlurm
+from b300.ha.lease import DbLease, FencedError
 from b300.interfaces import SlurmClient
-from b300.lease import DbLease, FencedError
 from b300.model import SubmitRequest
 from b300.slurm.cli import CliSlurmClient
 from b300.slurm.pyslurm_backend import PyslurmClient

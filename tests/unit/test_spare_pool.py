@@ -158,9 +158,9 @@ def test_the_pool_is_a_metric_and_a_b300ctl_nodes_table(tmp_path: Path) -> None:
 
     from b300.cli.nodes import spare_pools
     from b300.events import Kind
-    from b300.health import CycleSnapshot
     from b300.interfaces import NewEvent
-    from b300.metrics import collect_metrics, render_metrics
+    from b300.ops.health import CycleSnapshot
+    from b300.ops.metrics import collect_metrics, render_metrics
     from b300.store import open_store
 
     store = open_store(f"sqlite:///{tmp_path}/state.db")
@@ -262,8 +262,8 @@ def test_surplus_is_kept_only_for_recovering_runs_and_jobs_waiting_in_the_pool()
 def test_a_uid_without_a_passwd_entry_is_a_one_line_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import pwd
 
-    from b300.spares.config import load_spares_config
-    from b300.spares.watch import pool_user
+    from b300.spares.pool_config import load_spares_config
+    from b300.spares.pools import pool_user
 
     uid = next(u for u in range(2_000_000_000, 2_000_000_100) if not _has_passwd(pwd, u))
     monkeypatch.setattr("os.geteuid", lambda: uid)

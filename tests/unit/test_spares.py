@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from b300 import launcher as lf
 from b300.errors import SpecError
 from b300.events import Kind
 from b300.interfaces import Store
+from b300.launcher import launch as lf
 from b300.model import Attempt, AttemptState
 from b300.recovery.classify import retries_used
 from b300.recovery.relaunch import Relaunch, StepRelauncher, relaunches
@@ -275,8 +275,8 @@ def test_relaunches_spend_the_infra_budget(store: Store, tmp_path: Path) -> None
     assert decision is Relaunch.NO_SPARE and "retry budget spent (2)" in why
     assert lf.read_plan(r.folder(attempt), 40).generation == 2  # type: ignore[union-attr]
     assert retries_used(store.attempts("r1")) == (0, 0) and len(relaunches(store, "r1")) == 2
-    from b300.health import CycleSnapshot
-    from b300.metrics import collect_metrics
+    from b300.ops.health import CycleSnapshot
+    from b300.ops.metrics import collect_metrics
 
     m = collect_metrics(store, CycleSnapshot(1, 0, 0.1, 0.0, None, 0), T0)
     assert (m.step_relaunches_total, m.recoveries_total) == (2, 0)

@@ -1,5 +1,5 @@
 """The ``[checkpoints]`` table and its ``[[checkpoints.targets]]`` (records and the whole
-example: :mod:`b300.checkpoints.config`)."""
+example: :mod:`b300.checkpoints.policy`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, model_validator
 
-from ...checkpoints.config import SECRET_OPTIONS, CheckpointsConfig, TargetConfig
+from ...checkpoints.policy import SECRET_OPTIONS, CheckpointsConfig, TargetConfig
 from ...checkpoints.retention import RetentionPolicy
 from ...errors import ConfigError
 from ..duration import short_repr

@@ -1,4 +1,4 @@
-"""The ``[drift]`` table, validated into a frozen :class:`~b300.drift.records.DriftConfig`.
+"""The ``[drift]`` table, validated into a frozen :class:`~b300.drift.scan_records.DriftConfig`.
 
 ::
 
@@ -35,7 +35,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator
 
-from ...drift.records import DriftConfig, DriftNode, Endpoint, Policy, SshSettings
+from ...drift.scan_records import DriftConfig, DriftNode, Endpoint, Policy, SshSettings
 from ...errors import ConfigError
 from ..duration import DurationError, duration_seconds, is_off, short_repr
 from ..types import (

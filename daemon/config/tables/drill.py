@@ -1,4 +1,4 @@
-"""The ``[drill]`` table (record: :class:`b300.drill.config.DrillConfig`)."""
+"""The ``[drill]`` table (record: :class:`b300.drill.crash_config.DrillConfig`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from ...drill.config import DrillConfig, command_problem
+from ...drill.crash_config import DrillConfig, command_problem
 from ..types import Duration, Table, limited, problem
 
 _Word = Annotated[str, Field(min_length=1, max_length=4096)]

@@ -12,18 +12,18 @@ from datetime import UTC, datetime
 
 import structlog
 
-from .app.root import build_daemon
-from .config import Config, config_path, load_config, trigger_program, writable_paths
-from .errors import B300Error, ConfigError, SlurmError, one_line
-from .interfaces import SlurmClient
-from .lease import DbLease, FileLease
-from .logs import configure_logging
-from .permissions import check_not_writable_by_others
-from .plugin_registry import PluginRegistry
-from .slurm import make_slurm_client
-from .slurm.release import SlurmRelease, check_release, parse_release, record_release
-from .store import create_engine, open_store
-from .store.credentials import store_url
+from ..config import Config, config_path, load_config, trigger_program, writable_paths
+from ..errors import B300Error, ConfigError, SlurmError, one_line
+from ..ha.lease import DbLease, FileLease
+from ..interfaces import SlurmClient
+from ..ops.logs import configure_logging
+from ..plugin_registry import PluginRegistry
+from ..safety.permissions import check_not_writable_by_others
+from ..slurm import make_slurm_client
+from ..slurm.release import SlurmRelease, check_release, parse_release, record_release
+from ..store import create_engine, open_store
+from ..store.credentials import store_url
+from .root import build_daemon
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,12 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="print the version and the state store schema it migrates to, and exit")
     args = ap.parse_args(argv)
     if args.version:
-        from .version import version_text
+        from ..version import version_text
 
         print(version_text("b300d"))
         return 0
     if args.check_config:
-        from .app.preflight_checks import check_config
+        from .preflight_checks import check_config
 
         return check_config(config_path(args.config))
     try:
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_slurm_release(slurm, cfg.state_dir)
         url = store_url(cfg.database_url, cfg.database_password_file, reader=False)
         store = open_store(url)
-        # The lease has its own engine and short timeouts (b300.lease): a renewal
+        # The lease has its own engine and short timeouts (b300.ha.lease): a renewal
         # must neither wait behind the store's calls nor outlive a fraction of the TTL.
         call_timeout = max(1.0, cfg.lease_ttl_s / 4)
         lease = DbLease(create_engine(url, statement_timeout_s=call_timeout,
@@ -157,7 +157,7 @@ def _raise_open_files_limit() -> None:
 
 
 def _remove_trigger(cfg: Config) -> int:
-    from .slurm.cli import CliSlurmClient
+    from ..slurm.cli import CliSlurmClient
 
     program = trigger_program(cfg)
     client = CliSlurmClient(slurm_conf=cfg.slurm_conf, bin_dir=cfg.slurm_bin_dir,

@@ -32,19 +32,19 @@ from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, m
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .checkpoints.advice import RunSchedule, stored_run_schedule
-from .checkpoints.schedule import HISTORY, FailureIndex
-from .errors import B300Error
-from .events import TRAINING_FINDINGS, Kind
+from ..checkpoints.advice import RunSchedule, stored_run_schedule
+from ..checkpoints.cadence import HISTORY, FailureIndex
+from ..errors import B300Error
+from ..events import TRAINING_FINDINGS, Kind
+from ..interfaces import Store
+from ..model import Run, RunState
+from ..report.compute import RunInput, checkpoint_figures
+from ..spares.pool import latest_pools
+from ..spec import JobSpec, parse_spec
 from .health import CycleSnapshot
-from .interfaces import Store
-from .model import Run, RunState
-from .report.compute import RunInput, checkpoint_figures
-from .spares.pool import latest_pools
-from .spec import JobSpec, parse_spec
 
 if TYPE_CHECKING:
-    from .training.watch import RunFigures
+    from ..training.health_step import RunFigures
 
 log = structlog.get_logger(__name__)
 PATH = "/metrics"
@@ -66,7 +66,7 @@ class MetricsSnapshot:
     accounting_failures_total: int = 0
     # Per run: interval, overdue (0/1), Young/Daly interval and its inputs (save time, MTBF).
     checkpoint_schedule: dict[str, dict[str, float]] = field(default_factory=dict)
-    # Training health (b300.training.watch): the running attempts' figures, by run, and
+    # Training health (b300.training.health_step): the running attempts' figures, by run, and
     # the findings recorded per (run, event kind).
     training: dict[str, RunFigures] = field(default_factory=dict)
     training_findings: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from .config import LivenessConfig
 from .machine import NodeLiveness, observe_checks, observe_confirmations
-from .records import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Decision, Target
+from .timing import LivenessConfig
+from .verdicts import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Decision, Target
 
 
 class PrimaryProber(Protocol):

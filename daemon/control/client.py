@@ -1,7 +1,7 @@
 """The client side of the daemon's control socket (b300ctl's): one request, one reply.
 
 Standard library only, so that b300ctl pays for nothing more than a socket to ask
-the daemon (the server side, :mod:`b300.control`, logs through structlog).
+the daemon (the server side, :mod:`b300.control.server`, logs through structlog).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from .errors import DaemonUnavailableError, UsageError
+from ..errors import DaemonUnavailableError, UsageError
 
 MAX_REQUEST_BYTES = 4 << 20
 
@@ -83,7 +83,7 @@ def _unavailable(path: str, exc: OSError) -> DaemonUnavailableError:
     if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
         return DaemonUnavailableError(f"b300d is not running (no daemon at {path})")
     if isinstance(exc, PermissionError):
-        from .permissions import unreadable
+        from ..safety.permissions import unreadable
 
         return SocketRefusedError(unreadable(path, "the control socket", need="write"))
     return DaemonUnavailableError(f"cannot reach b300d at {path}: {exc}")
@@ -99,6 +99,6 @@ def refusal(user: str, op: str, admin_group: str, where: str = "") -> str:
 
 
 def _socket_refusal(op: str, admin_group: str, socket_path: str) -> str:
-    from .permissions import missing_access, user_name
+    from ..safety.permissions import missing_access, user_name
 
     return refusal(user_name(), op, admin_group, missing_access(socket_path, "write"))

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..training.config import TrainingSpec
+    from ..training.thresholds import TrainingSpec
 
 LAYOUTS = ("dcp", "megatron", "deepspeed", "hf", "lightning", "generic", "auto")
 MAX_SCRIPT_BYTES = 1 << 20

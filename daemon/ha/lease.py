@@ -48,10 +48,10 @@ import structlog
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import B300Error, ConfigError, StoreError
-from .store.deadline import SocketWatchdog
-from .store.lease_tables import LeaseRow
-from .store.sessions import WRITE_OPTION
+from ..errors import B300Error, ConfigError, StoreError
+from ..store.deadline import SocketWatchdog
+from ..store.lease_tables import LeaseRow
+from ..store.sessions import WRITE_OPTION
 
 log = structlog.get_logger(__name__)
 _LEASE = LeaseRow.__table__  # type: ignore[attr-defined]

@@ -16,12 +16,12 @@ from datetime import datetime
 from typing import Any
 
 from .checkpoint_stall import CheckpointStallMonitor
-from .config import RunThresholds
 from .findings import Finding
 from .loss import LossMonitor
 from .mfu import mfu_from_tflops, model_flops_utilization
 from .protocol import ExitIntent, ProgressRecord
 from .stragglers import StragglerMonitor
+from .thresholds import RunThresholds
 from .throughput import ThroughputMonitor
 
 #: Records older than the attempt's start by more than this belong to an earlier attempt.

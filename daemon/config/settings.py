@@ -11,15 +11,15 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..checkpoints.config import CheckpointsConfig
-from ..drift.records import DriftConfig
-from ..drill.config import DrillConfig
+from ..checkpoints.policy import CheckpointsConfig
+from ..drift.scan_records import DriftConfig
+from ..drill.crash_config import DrillConfig
 from .ops import AlertsConfig, MetricsConfig, ReportConfig
 
 if TYPE_CHECKING:
-    from ..liveness.config import LivenessConfig
-    from ..spares.config import SparesConfig
-    from ..training.config import TrainingConfig
+    from ..liveness.timing import LivenessConfig
+    from ..spares.pool_config import SparesConfig
+    from ..training.thresholds import TrainingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,23 +34,23 @@ class RecoveryConfig:
 
 
 def _liveness_defaults() -> LivenessConfig:
-    # [liveness]'s record is itself a pydantic model (b300.liveness.config); it is imported
+    # [liveness]'s record is itself a pydantic model (b300.liveness.timing); it is imported
     # when first needed so that importing these records does not load pydantic.
-    from ..liveness.config import LivenessConfig
+    from ..liveness.timing import LivenessConfig
 
     return LivenessConfig()
 
 
 def _training_defaults() -> TrainingConfig:
-    # [training] is a pydantic model too (b300.training.config), imported when first needed.
-    from ..training.config import TrainingConfig
+    # [training] is a pydantic model too (b300.training.thresholds), imported when first needed.
+    from ..training.thresholds import TrainingConfig
 
     return TrainingConfig()
 
 
 def _spares_defaults() -> SparesConfig:
-    # [spares] is a pydantic model too (b300.spares.config), imported when first needed.
-    from ..spares.config import SparesConfig
+    # [spares] is a pydantic model too (b300.spares.pool_config), imported when first needed.
+    from ..spares.pool_config import SparesConfig
 
     return SparesConfig()
 

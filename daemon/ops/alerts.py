@@ -28,12 +28,12 @@ from datetime import datetime, timedelta
 
 import structlog
 
-from .config.ops import AlertsConfig, SmtpConfig
-from .errors import B300Error
-from .events import ALERT_MARKS, DRAINS, TRAINING_FINDINGS, TRAINING_STOPS, Kind
-from .interfaces import NewEvent, Store
-from .model import Event
-from .report.mail import alert_message, send_mail
+from ..config.ops import AlertsConfig, SmtpConfig
+from ..errors import B300Error
+from ..events import ALERT_MARKS, DRAINS, TRAINING_FINDINGS, TRAINING_STOPS, Kind
+from ..interfaces import NewEvent, Store
+from ..model import Event
+from ..report.mail import alert_message, send_mail
 
 log = structlog.get_logger(__name__)
 BURST_WINDOW = timedelta(minutes=10)
@@ -112,7 +112,7 @@ class AlertScanner:
     def __init__(self, store: Store, get_cfg: Callable[[], tuple[AlertsConfig, SmtpConfig | None]],
                  clock: Callable[[], datetime],
                  fence: Callable[[str], None] = lambda _action: None) -> None:
-        self._fence = fence  # b300.fence: proves the lease before each delivery
+        self._fence = fence  # b300.ha.fence: proves the lease before each delivery
         self._store = store
         self._get_cfg = get_cfg
         self._clock = clock

@@ -36,7 +36,7 @@ from ..model import Attempt, AttemptState, Event
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import read_progress
 from ..spec import spec_of
-from .config import node_argv
+from .crash_config import node_argv
 from .timeline import (
     MAX_TIMEOUT_S,
     DrillStart,

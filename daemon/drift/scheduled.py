@@ -17,7 +17,7 @@ import structlog
 from ..errors import B300Error
 from ..interfaces import SlurmClient, Store
 from ..plugin_registry import PluginRegistry
-from .records import DriftConfig, ScanResult
+from .scan_records import DriftConfig, ScanResult
 from .scanner import DriftScanner, build_drift_scanner, scan_result_to_dict
 
 log = structlog.get_logger(__name__)

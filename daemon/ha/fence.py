@@ -5,7 +5,7 @@ resume, a pending job's exclusions, the node-down trigger, checkpoint deletes,
 mail and webhooks) calls :meth:`Fence.check` first, inside the daemon's action
 lock and right before the action. The check proves that this daemon still
 holds the lease under the epoch it became active with (see
-:meth:`b300.lease.DbLease.prove`); if it cannot, :class:`b300.lease.FencedError`
+:meth:`b300.ha.lease.DbLease.prove`); if it cannot, :class:`b300.ha.lease.FencedError`
 is raised, the action is not taken, and the daemon stops acting.
 
 :class:`FencedSlurm` puts the check in front of every changing call of a
@@ -20,9 +20,9 @@ from datetime import datetime
 
 import structlog
 
-from .interfaces import SlurmClient
+from ..interfaces import SlurmClient
+from ..model import JobObservation, NodeAddress, NodeObservation, SubmitRequest
 from .lease import DbLease, FencedError
-from .model import JobObservation, NodeAddress, NodeObservation, SubmitRequest
 
 log = structlog.get_logger(__name__)
 

@@ -38,7 +38,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import ConfigError
-from ..permissions import check_secret_file
+from ..safety.permissions import check_secret_file
 from .retention import RetentionPolicy
 
 #: Plugin options that are secrets: refused inline, read from ``<name>_file``.

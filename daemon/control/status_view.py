@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .errors import B300Error, UsageError
-from .events import ACCOUNTING, Kind
-from .interfaces import Store
-from .model import Attempt, Run, attempt_to_dict, run_to_dict
+from ..errors import B300Error, UsageError
+from ..events import ACCOUNTING, Kind
+from ..interfaces import Store
+from ..model import Attempt, Run, attempt_to_dict, run_to_dict
 
 if TYPE_CHECKING:
-    from .checkpoints.advice import RunSchedule
+    from ..checkpoints.advice import RunSchedule
 
 #: Ended runs the list shows when none is active (and without ``all``).
 ENDED_SHOWN = 20
@@ -55,7 +55,7 @@ def run_detail(store: Store, run_id: str, *, now: datetime, state_dir: str) -> d
     """``run``, ``attempts`` (the last with its ``exclusions``), ``events``, ``slurm`` (the
     release b300d found at its last start), ``checkpoint_schedule`` and, for the text
     form, ``schedule_text`` and ``accounting_note``."""
-    from .slurm.release import read_release
+    from ..slurm.release import read_release
 
     note = accounting_note(store)
     run = store.get_run(run_id)
@@ -106,8 +106,8 @@ def _last_attempts(store: Store, runs: list[Run]) -> dict[str, Attempt]:
 
 
 def _schedule(store: Store, run: Run, now: datetime) -> RunSchedule | None:
-    from .checkpoints.advice import stored_run_schedule
-    from .spec import parse_spec
+    from ..checkpoints.advice import stored_run_schedule
+    from ..spec import parse_spec
 
     try:
         spec = parse_spec(run.spec_toml, where=f"run {run.id}")
@@ -118,8 +118,8 @@ def _schedule(store: Store, run: Run, now: datetime) -> RunSchedule | None:
 
 def _exclusions(store: Store, attempt: Attempt) -> list[dict[str, str]]:
     """The attempt's exclusions, each with its cause and whether that still holds now."""
-    from .recovery.exclusions import holds
-    from .run_actions import attempt_exclusions
+    from ..recovery.exclusions import holds
+    from ..run_actions import attempt_exclusions
 
     found = attempt_exclusions(store, attempt)
     if not found:

@@ -3,7 +3,7 @@
 One JSON object per line each way over a Unix stream socket. The daemon
 learns who is asking from the kernel (SO_PEERCRED), not from the request,
 and allows changes only to root, its own user and members of the configured
-admin group. The client side (b300ctl's) is :mod:`b300.control_client`.
+admin group. The client side (b300ctl's) is :mod:`b300.control.client`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 import structlog
 
-from .control_client import MAX_REQUEST_BYTES, ask_daemon, call_daemon
-from .errors import UsageError
+from ..errors import UsageError
+from .client import MAX_REQUEST_BYTES, ask_daemon, call_daemon
 
 __all__ = ["ControlServer", "Peer", "ask_daemon", "call_daemon", "client_connected", "is_admin", "peer_of"]
 log = structlog.get_logger(__name__)

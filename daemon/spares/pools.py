@@ -21,7 +21,6 @@ from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import AttemptState
 from ..spec import JobSpec, spec_of
-from .config import PREFIX, PoolTable, SparesConfig, reservation_name
 from .pool import (
     NO_HOLD,
     Placement,
@@ -37,6 +36,7 @@ from .pool import (
     promised,
     refill,
 )
+from .pool_config import PREFIX, PoolTable, SparesConfig, reservation_name
 
 log = structlog.get_logger(__name__)
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from .events import Kind
-from .interfaces import NewEvent
+from ..events import Kind
+from ..interfaces import NewEvent
 
 if TYPE_CHECKING:
-    from .config import Config
+    from ..config import Config
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ import os
 import pwd
 import stat
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_secret_file(path: str, what: str) -> None:

@@ -72,7 +72,7 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
         return "unconfirmed"
     report = collect_report(store, window, now)
     msg = report_message(report, cfg.smtp.sender, cfg.to, week=week)
-    fence(f"mail the report of {week}")  # b300.fence: raises unless this daemon is active
+    fence(f"mail the report of {week}")  # b300.ha.fence: raises unless this daemon is active
     store.append_events([NewEvent(Kind.REPORT_SENDING, data={"week": week, "to": list(cfg.to)})], now)
     try:
         send_mail(cfg.smtp, msg)

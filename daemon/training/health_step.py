@@ -44,11 +44,11 @@ from ..events import TRAINING_FINDINGS, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Attempt, AttemptState
 from ..spec import JobSpec, spec_of
-from .config import TrainingConfig, TrainingSpec
+from .detectors import MfuInputs, TrainingMonitor, TrainingSnapshot
 from .findings import Finding, FindingKind
-from .monitor import MfuInputs, TrainingMonitor, TrainingSnapshot
 from .protocol import MAX_LINE_BYTES, ProgressRecord
 from .reader import ProgressTailer, TailState, never_complete
+from .thresholds import TrainingConfig, TrainingSpec
 
 if TYPE_CHECKING:
     from ..recovery.straggler_drain import StragglerDrainer

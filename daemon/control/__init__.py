@@ -1,0 +1,1 @@
+"""Control socket: the server, its client and the status views it serves."""

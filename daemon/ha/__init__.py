@@ -1,0 +1,1 @@
+"""High availability: the leader lease and fencing of a stale leader."""

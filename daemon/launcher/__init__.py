@@ -1,0 +1,1 @@
+"""The in-allocation launcher (``python -m b300.launcher``)."""

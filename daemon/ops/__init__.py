@@ -1,0 +1,1 @@
+"""Operations: metrics, alerts, health endpoint and logging."""
