@@ -20,6 +20,7 @@ from ..checkpoints.checkpoint_pass import CheckpointPass
 from ..checkpoints.policy import CheckpointsConfig
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config, trigger_program
+from ..config.policy import action_policy
 from ..cycle.pipeline import PollCycle
 from ..cycle.requeues import RequeueReconciler
 from ..cycle.track import AttemptTracker
@@ -40,7 +41,7 @@ from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
-from ..safety.mode import ACT, ActionPolicy, Withheld, action_policy
+from ..safety.mode import ACT, ActionPolicy, Withheld
 from ..spares.pools import SparePools, pool_user
 from ..spec import spec_of
 from ..training.health_step import TrainingWatch

@@ -122,8 +122,8 @@ def requested_policy(configured: RetentionPolicy, *, keep_last: object = None,
     """``configured`` with a person's overrides (``b300ctl checkpoints --keep-*``; None keeps
     the configured value). The same check on both sides of the control socket: b300ctl
     before it asks, the daemon on what it is asked. Raises UsageError naming the option."""
-    from ..config.duration import parse_span
     from ..errors import UsageError
+    from ..grammar.duration import parse_span
 
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
                                   or keep_last < 1):

@@ -25,7 +25,7 @@ _MILESTONES = (("detect_s", "detected"), ("drain_s", "drained"), ("excluded_s", 
 
 def drill_timeout(text: str) -> float:
     """``--timeout``: a duration (``90``, ``90s``, ``10m``) of at most an hour."""
-    from ..config.duration import DurationError, duration_seconds
+    from ..grammar.duration import DurationError, duration_seconds
 
     try:
         seconds = duration_seconds(text)

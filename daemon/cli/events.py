@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from ..config.duration import DurationError, duration_seconds
 from ..errors import UsageError
+from ..grammar.duration import DurationError, duration_seconds
 from .command import Command, Context, arg
 from .output import details, print_json
 
@@ -31,7 +31,7 @@ _PAGE = 5000
 
 def parse_when(text: str, now: datetime, what: str = "--since") -> datetime:
     """A time from ``2026-11-23``, ``2026-11-23T08:00[+01:00]`` (UTC if no offset), or an age
-    in the project's one duration grammar (:mod:`b300.config.duration`: ``2h``, ``90 min``,
+    in the project's one duration grammar (:mod:`b300.grammar.duration`: ``2h``, ``90 min``,
     ``7d``, ``1w``; a bare number is seconds) before ``now``."""
     try:
         when = datetime.fromisoformat(text.strip())

@@ -35,7 +35,7 @@
     [report] [metrics] [alerts]  see b300.config.ops
 
 The package: records (:mod:`.records`, :mod:`.ops`), the one duration grammar
-(:mod:`.duration`), the shared pydantic types and the one-line error (:mod:`.types`),
+(:mod:`b300.grammar.duration`), the shared pydantic types and the one-line error (:mod:`b300.grammar.types`),
 the file's tables (:mod:`.tables`, loaded only by :func:`load_config`).
 """
 

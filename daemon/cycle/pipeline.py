@@ -37,12 +37,12 @@ from datetime import datetime
 import structlog
 
 from ..errors import SlurmError
-from ..safety.faults import crashpoint
 from ..interfaces import SlurmClient, Store
 from ..model import Attempt, AttemptState, RunState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
+from ..safety.faults import crashpoint
 from ..spares.pools import SparePools
 from ..training.health_step import TrainingWatch
 from .requeues import RequeueReconciler

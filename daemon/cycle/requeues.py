@@ -29,12 +29,12 @@ import structlog
 
 from ..errors import SlurmError
 from ..events import Kind
-from ..safety.faults import crashpoint
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, Event, NodeRecord
 from ..recovery.classify import node_is_bad
 from ..recovery.exclusions import Exclusion
 from ..run_actions import RunActions
+from ..safety.faults import crashpoint
 from ..spec import spec_of
 from .node_actions import NodeActions, drained_by_us
 

@@ -1,7 +1,7 @@
 """The ``[liveness]`` section: how often nodes in use are checked and when one is dead.
 
 Durations are numbers of seconds (TOML ``interval_s = 1.0``) or the project's duration
-strings (``interval_s = "2s"``; b300.config.duration: no unit under a second). The defaults and
+strings (``interval_s = "2s"``; b300.grammar.duration: no unit under a second). The defaults and
 the false-positive rate they give are derived in docs/design/liveness.md from the
 measurements in docs/benchmarks.md ("Liveness checks").
 """
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..config.duration import duration_seconds
+from ..grammar.duration import duration_seconds
 
 
 class LivenessConfig(BaseModel):

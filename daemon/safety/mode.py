@@ -17,15 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from ..events import Kind
 from ..interfaces import NewEvent
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 log = structlog.get_logger(__name__)
 
@@ -51,17 +48,6 @@ class ActionPolicy:
     @property
     def acting(self) -> bool:
         return self.nodes_and_runs or self.signals or self.deletes or self.reservations
-
-
-def action_policy(config: Config) -> ActionPolicy:
-    """The policy of a config: observe withholds everything; act allows what each switch allows."""
-    if config.mode != ACT:
-        return ActionPolicy(False, False, False, False,
-                            why='[daemon] mode = "observe" (set mode = "act" to let the daemon act)')
-    c = config.checkpoints
-    nodes = config.recovery.enabled
-    return ActionPolicy(nodes, c.allow_signals, c.prune or c.prunes_remote, bool(config.spares.pools),
-                        why="" if nodes else "[recovery] enabled = false")
 
 
 class Withheld:

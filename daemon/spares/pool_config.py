@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from ..config.types import GROUP, NAME, Table, matches
+from ..grammar.types import GROUP, NAME, Table, matches
 
 PREFIX = "b300-spares-"
 

@@ -1,5 +1,5 @@
 """A job spec's grammar: one pydantic model per TOML table (strict, unknown keys refused,
-frozen; see :mod:`b300.config.types`). Imported by :func:`b300.spec.parse_spec` when it
+frozen; see :mod:`b300.grammar.types`). Imported by :func:`b300.spec.parse_spec` when it
 first runs, so code that only reads a :class:`~b300.spec.jobspec.JobSpec` does not pay for
 building the models."""
 
@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
-from ..config.duration import short_repr
-from ..config.types import NAME, AbsPath, Duration, Table, Text, expected, matches, one_of, problem
+from ..grammar.duration import short_repr
+from ..grammar.types import NAME, AbsPath, Duration, Table, Text, expected, matches, one_of, problem
 from ..training.thresholds import SignalOverrides
 from .jobspec import CHECKPOINT_SIGNALS, LAYOUTS, RESERVED_ENV_PREFIXES, SIGNAL_TARGETS
 

@@ -49,7 +49,7 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{where}: not valid TOML: {exc}") from None
     # The models are built when first needed (pydantic, tens of ms), not with b300.spec.
-    from ..config.types import validate
+    from ..grammar.types import validate
     from .tables import SpecFile
 
     f = validate(SpecFile, doc, where, SpecError)

@@ -30,15 +30,15 @@ from pydantic import (
     model_validator,
 )
 
-from ..config.duration import DurationError, duration_seconds
 from ..errors import ConfigError, SpecError, UsageError
+from ..grammar.duration import DurationError, duration_seconds
 
 _MODEL = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 def _seconds(value: Any) -> Any:
     """``90``, ``"90s"``, ``"15m"``, ``"1.5h"``, ``"2d"`` -> seconds (the project's one grammar,
-    :mod:`b300.config.duration`)."""
+    :mod:`b300.grammar.duration`)."""
     try:
         return duration_seconds(value)
     except DurationError:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b300.config.duration import UNITS, DurationError, duration_seconds, parse_span, span
 from b300.errors import UsageError
+from b300.grammar.duration import UNITS, DurationError, duration_seconds, parse_span, span
 
 
 @pytest.mark.parametrize(("value", "seconds"), [

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from b300.config import load_config
+from b300.config.policy import action_policy
 from b300.errors import ConfigError
 from b300.events import Kind
 from b300.interfaces import NewEvent
-from b300.safety.mode import Withheld, action_policy
+from b300.safety.mode import Withheld
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

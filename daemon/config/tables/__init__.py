@@ -1,6 +1,6 @@
 """The config file's grammar: one pydantic model per TOML table, and the whole file.
 
-Every table is a :class:`~b300.config.types.Table` (strict, unknown keys refused,
+Every table is a :class:`~b300.grammar.types.Table` (strict, unknown keys refused,
 frozen); :func:`config_from_toml` validates a parsed file and converts it to the
 :class:`~b300.config.settings.Config` the daemon reads. Imported by
 :func:`b300.config.load_config` when it first runs, not with :mod:`b300.config`.
@@ -13,11 +13,11 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ...errors import ConfigError
+from ...grammar.types import Table, problem, validate
 from ...liveness.timing import LivenessConfig
 from ...spares.pool_config import SparesConfig
 from ...training.thresholds import TrainingConfig
 from ..settings import Config, RecoveryConfig
-from ..types import Table, problem, validate
 from .checkpoints import CheckpointsTable, checkpoints_config
 from .daemon import DaemonTable, RecoveryTable, SlurmTable
 from .drift import DriftTable, drift_config

@@ -12,8 +12,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, mod
 from ...checkpoints.policy import SECRET_OPTIONS, CheckpointsConfig, TargetConfig
 from ...checkpoints.retention import RetentionPolicy
 from ...errors import ConfigError
-from ..duration import short_repr
-from ..types import NAME, Duration, PluginName, Span, Table, expected, matches, problem, validate
+from ...grammar.duration import short_repr
+from ...grammar.types import NAME, Duration, PluginName, Span, Table, expected, matches, problem, validate
 
 _OPTION = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _ABS = re.compile(r"/[^\x00\n]*")

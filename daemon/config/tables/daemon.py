@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
-from ..types import (
+from ...grammar.types import (
     GROUP,
     AbsPath,
     AbsPathOrEmpty,

@@ -37,8 +37,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator
 
 from ...drift.scan_records import DriftConfig, DriftNode, Endpoint, Policy, SshSettings
 from ...errors import ConfigError
-from ..duration import DurationError, duration_seconds, is_off, short_repr
-from ..types import (
+from ...grammar.duration import DurationError, duration_seconds, is_off, short_repr
+from ...grammar.types import (
     HOST,
     NAME,
     AbsPath,

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from ...drill.crash_config import DrillConfig, command_problem
-from ..types import Duration, Table, limited, problem
+from ...grammar.types import Duration, Table, limited, problem
 
 _Word = Annotated[str, Field(min_length=1, max_length=4096)]
 

@@ -9,9 +9,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
-from ..duration import short_repr
-from ..ops import AlertsConfig, MetricsConfig, ReportConfig, SmtpConfig
-from ..types import (
+from ...grammar.duration import short_repr
+from ...grammar.types import (
     HOST,
     AbsPathOrEmpty,
     Duration,
@@ -26,6 +25,7 @@ from ..types import (
     matches,
     problem,
 )
+from ..ops import AlertsConfig, MetricsConfig, ReportConfig, SmtpConfig
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _HOST = re.compile(HOST)

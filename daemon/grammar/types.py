@@ -155,7 +155,7 @@ def _span(value: object) -> timedelta:
         raise problem(str(exc)) from None
 
 
-#: Seconds, from the one duration grammar (:mod:`b300.config.duration`).
+#: Seconds, from the one duration grammar (:mod:`b300.grammar.duration`).
 Duration = Annotated[float, PlainValidator(_duration)]
 #: A retention span: a duration, or ``0`` / ``"0"`` for "off".
 Span = Annotated[timedelta, PlainValidator(_span)]
