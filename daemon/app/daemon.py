@@ -34,6 +34,7 @@ from ..ha.lease import FencedError
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..ops.health import CycleHealth, Watchdog, watchdog_interval_s
 from ..recovery.node_loss import NodeLossWatch
+from ..scheduling import table as timed
 from .lifetime import Lifetime, sd_notify
 from .operations import Operations
 from .reloader import ConfigReloader
@@ -188,17 +189,14 @@ class Daemon:
             raise
         cfg = p.config
         sched = p.scheduler
-        sched.add_job(p.cycles.run, "interval", id="poll", seconds=cfg.poll_interval_s,
-                      max_instances=1, coalesce=True, next_run_time=datetime.now(UTC))
+        timed.every(sched, "poll", p.cycles.run, cfg.poll_interval_s, first=datetime.now(UTC))
         if p.drift is not None:
             p.drift.schedule(sched)
         if p.node_loss is not None:
-            sched.add_job(p.node_loss.round, "interval", id="liveness",
-                          seconds=cfg.liveness.interval_s, max_instances=1, coalesce=True)
-        sched.add_job(p.checkpoint_pass.run_once, "interval", id="checkpoints",
-                      seconds=cfg.checkpoints.check_interval_s, max_instances=1, coalesce=True)
-        sched.add_job(p.checkpoint_upkeep.run_once, "interval", id="checkpoint-upkeep",
-                      seconds=cfg.checkpoints.maintain_interval_s, max_instances=1, coalesce=True)
+            timed.every(sched, "liveness", p.node_loss.round, cfg.liveness.interval_s)
+        timed.every(sched, "checkpoints", p.checkpoint_pass.run_once, cfg.checkpoints.check_interval_s)
+        timed.every(sched, "checkpoint-upkeep", p.checkpoint_upkeep.run_once,
+                    cfg.checkpoints.maintain_interval_s)
         sched.add_listener(p.cycles.still_running, EVENT_JOB_MAX_INSTANCES)
         sched.start()
         p.operations.start(sched, sd_notify)
@@ -233,7 +231,7 @@ class Daemon:
     def request_reload(self) -> None:
         """SIGHUP: reload the config soon, in the scheduler (not in the signal handler)."""
         try:
-            self.parts.scheduler.add_job(self.parts.reloader.reload, id="reload", replace_existing=True)
+            timed.once(self.parts.scheduler, "reload", self.parts.reloader.reload)
         except Exception:  # the scheduler is not running (starting up or stopping)
             log.warning("config.reload_skipped", why="scheduler not running")
 

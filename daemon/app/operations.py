@@ -24,6 +24,7 @@ from ..ops.alerts import AlertScanner
 from ..ops.health import CycleHealth, Watchdog, watchdog_interval_s
 from ..ops.metrics import MetricsServer, MetricsSnapshot, collect_metrics
 from ..report.weekly import schedule_report
+from ..scheduling import table as timed
 
 if TYPE_CHECKING:
     from ..training.health_step import RunFigures
@@ -116,9 +117,7 @@ class Operations:
     def _schedule_alerts(self) -> None:
         if self._scheduler is None:
             return
-        self._scheduler.add_job(self.scan_alerts, "interval", id="alerts", replace_existing=True,
-                                seconds=self._config().alerts.scan_interval_s, max_instances=1,
-                                coalesce=True)
+        timed.every(self._scheduler, "alerts", self.scan_alerts, self._config().alerts.scan_interval_s)
 
     def stop(self) -> None:
         if self.metrics is not None:

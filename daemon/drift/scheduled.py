@@ -17,6 +17,7 @@ import structlog
 from ..errors import B300Error
 from ..interfaces import SlurmClient, Store
 from ..plugin_registry import PluginRegistry
+from ..scheduling import table as timed
 from .scan_records import DriftConfig, ScanResult
 from .scanner import DriftScanner, build_drift_scanner, scan_result_to_dict
 
@@ -69,8 +70,7 @@ class DriftWatch:
         interval = self.scanner.config.interval_s
         if interval is None:
             return
-        scheduler.add_job(self.scheduled, "interval", id="drift", seconds=interval, max_instances=1,
-                          coalesce=True, next_run_time=self._clock())
+        timed.every(scheduler, "drift", self.scheduled, interval, first=self._clock())
 
 
 def make_drift_watch(config: DriftConfig | None, store: Store, slurm: SlurmClient, lock: threading.Lock,

@@ -35,6 +35,7 @@ from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, Event
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import read_progress
+from ..scheduling import table as timed
 from ..spec import spec_of
 from .crash_config import node_argv
 from .timeline import (
@@ -94,12 +95,11 @@ class DrillWatch:
 
     def _arm(self) -> None:
         if self._scheduler is not None:
-            self._scheduler.add_job(self.tick, "interval", id=_JOB_ID, seconds=TICK_S, max_instances=1,
-                                    coalesce=True, replace_existing=True)
+            timed.every(self._scheduler, _JOB_ID, self.tick, TICK_S)
 
     def _disarm(self) -> None:
         try:
-            self._scheduler.remove_job(_JOB_ID)
+            timed.drop(self._scheduler, _JOB_ID)
         except Exception:  # already removed, or the scheduler is stopping
             log.debug("drill.disarm_skipped")
 

@@ -29,6 +29,7 @@ from ..errors import B300Error
 from ..events import REPORT_DELIVERY, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Event
+from ..scheduling import table as timed
 from .collect import collect_report
 from .compute import Window, week_key
 from .mail import report_message, send_mail
@@ -118,8 +119,7 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
     """(Re)schedule the weekly report from the current [report] config; removes it when disabled."""
     cfg = get_cfg()
     for job_id in (JOB_ID, RETRY_JOB_ID):
-        if scheduler.get_job(job_id) is not None:
-            scheduler.remove_job(job_id)
+        timed.drop(scheduler, job_id)
     if not cfg.enabled:
         return
 
@@ -130,7 +130,7 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
             log.exception("report.crashed")
 
     trigger = CronTrigger(day_of_week=cfg.day, hour=cfg.hour, minute=0, timezone=ZoneInfo(cfg.timezone))
-    scheduler.add_job(job, trigger, id=JOB_ID, max_instances=1, coalesce=True, misfire_grace_time=3600)
+    timed.at(scheduler, JOB_ID, job, trigger, misfire_grace_s=3600)
 
     def catch_up() -> None:
         try:
@@ -138,5 +138,5 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
         except Exception:  # never take the daemon down; the next run tries again
             log.exception("report.catch_up_crashed")
 
-    scheduler.add_job(catch_up, "interval", id=RETRY_JOB_ID, seconds=retry_s, max_instances=1, coalesce=True)
+    timed.every(scheduler, RETRY_JOB_ID, catch_up, retry_s)
     log.info("report.scheduled", day=cfg.day, hour=cfg.hour, timezone=cfg.timezone)

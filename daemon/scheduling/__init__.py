@@ -1,0 +1,1 @@
+"""Every timed job of the daemon, listed once (:mod:`.table`)."""
