@@ -43,6 +43,7 @@ from ..run_actions import RunActions
 from ..spares.watch import SparePools, pool_user
 from ..spec import spec_of
 from ..training.watch import TrainingWatch
+from ..triage.slurm import NodeTriage
 from .daemon import CycleRunner, Daemon, DaemonParts
 from .lifetime import Lifetime
 from .operations import Operations
@@ -138,10 +139,13 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                              drainer=StragglerDrainer(store, slurm, clock) if recovery_on else None)
     hangs = HangWatch(store, slurm, clock, progress=training.progress_step,
                       withheld=None if recovery_on else withheld)
+    # Node triage ([triage], b300.triage): off by default; acts only as recovery does.
+    triage = NodeTriage(store, slurm, clock, lambda: current.get().triage, job_log_dir=config.job_log_dir,
+                        act=recovery_on, withheld=withheld)
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
                       recoverer=recoverer, hangs=hangs, training=training,
-                      spares=spares if policy.reservations else None)
+                      spares=spares if policy.reservations else None, triage=triage.upkeep)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)
