@@ -46,7 +46,8 @@ class CheckTable(Table):
 
     #: The check's name: it names the failed check in the drain reason.
     name: Annotated[str, matches(NAME, "a check name (letters, digits, '.', '_', '-')")]
-    #: The program and its arguments ([] = the shipped node check); absolute program path.
+    #: The program and its arguments ([] = the shipped node check); absolute program path;
+    #: {node} in an element is the node's name.
     argv: list[_Word] = Field(default_factory=list, max_length=64)
     #: Arguments of the shipped check (argv = []), e.g. ["--min-busbw", "300"].
     args: list[_Word] = Field(default_factory=list, max_length=64)

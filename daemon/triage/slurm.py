@@ -58,20 +58,23 @@ from .decide import (
 log = structlog.get_logger(__name__)
 #: An open triage with no job this long after its intent gets its job (again).
 SUBMIT_GRACE_S = 30.0
+#: In a check's argv or args: the node's name.
+NODE = "{node}"
 
 
 def job_script(node: str, checks: tuple[CheckTable, ...]) -> str:
     """The triage job's bash script: each check under ``timeout``, a ``{"step": NAME, "exit": CODE}``
-    line after each (124: timed out). The shipped check is inlined (run with ``python3 -``)."""
+    line after each (124: timed out). The shipped check is inlined (run with ``python3 -``).
+    ``{node}`` in an argv or args element is the node's name."""
     shipped = Path(node_check.__file__).read_text(encoding="utf-8")
     lines = ["#!/bin/bash", "set -u", f"# b300 triage of {node}",
              'step() { printf \'{"step": "%s", "exit": %d}\\n\' "$1" "$2"; }']
     for c in checks:
         t = max(1, int(c.timeout_s))
         if c.argv:
-            lines.append(f"timeout -k 10 {t} {' '.join(shlex.quote(a) for a in c.argv)}")
+            lines.append(f"timeout -k 10 {t} {' '.join(shlex.quote(a.replace(NODE, node)) for a in c.argv)}")
         else:
-            args = " ".join(shlex.quote(a) for a in c.args)
+            args = " ".join(shlex.quote(a.replace(NODE, node)) for a in c.args)
             lines += [f"timeout -k 10 {t} python3 - {args} <<'B300_NODE_CHECK'",
                       shipped.rstrip("\n"), "B300_NODE_CHECK"]
         lines.append(f"step {shlex.quote(c.name)} $?")
