@@ -194,7 +194,7 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
                                     "job_id", "step"}),
     Kind.TRIAGE_VERDICT: frozenset({"verdict", "failed_check", "evidence", "checks", "job_id", "drains",
                                     "resumed", "why"}),
-    Kind.TRIAGE_OVERRIDE: frozenset({"returnable", "by"}),
+    Kind.TRIAGE_OVERRIDE: frozenset({"returnable", "triage", "by"}),
     Kind.LIVENESS_SUSPECT: _LIVENESS,
     Kind.LIVENESS_CLEARED: _LIVENESS,
     Kind.LIVENESS_DEAD: _LIVENESS,

@@ -25,8 +25,9 @@ what a verdict may do.
     timeout_s = 300
 
 Causes (from the drain reason the daemon wrote): ``attempt`` (a failed attempt),
-``liveness`` (node dead), ``drift``, ``straggler``, ``blackhole``, ``drill``. A node
-drained by a person (a reason not starting ``b300:``) is never triaged.
+``liveness`` (node dead), ``drift``, ``straggler``, ``blackhole``, ``drill``, and
+``manual`` (``b300ctl nodes triage NODE``). A node drained by a person (a reason not
+starting ``b300:``) is triaged only when an operator asks for it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pydantic import Field, model_validator
 
 from ..config.types import GROUP, NAME, Table, matches
 
-CAUSES = ("attempt", "liveness", "drift", "straggler", "blackhole", "drill")
+CAUSES = ("attempt", "liveness", "drift", "straggler", "blackhole", "drill", "manual")
 _Word = Annotated[str, Field(min_length=1, max_length=4096)]
 
 

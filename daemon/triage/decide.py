@@ -60,6 +60,7 @@ class NodeHistory:
     started: Event | None = None            # the newest triage.started
     verdict: Event | None = None            # the newest triage.verdict
     override_at: datetime | None = None     # the newest "returnable" override
+    requested_at: datetime | None = None    # the newest operator's request to triage it
 
     @property
     def open(self) -> bool:
@@ -86,8 +87,11 @@ def histories(events: Iterable[Event]) -> dict[str, NodeHistory]:
             h.started = e
         elif e.kind == Kind.TRIAGE_VERDICT:
             h.verdict = e
-        elif e.kind == Kind.TRIAGE_OVERRIDE and e.data.get("returnable"):
-            h.override_at = e.ts
+        elif e.kind == Kind.TRIAGE_OVERRIDE:
+            if e.data.get("returnable"):
+                h.override_at = e.ts
+            if e.data.get("triage"):
+                h.requested_at = e.ts
     return out
 
 
@@ -136,7 +140,8 @@ def decide(nodes: Sequence[NodeObservation], hist: Mapping[str, NodeHistory], cf
     """What to do now: follow every open triage; for each drained node the daemon drained
     that has no verdict since its newest drain, start a triage (at most ``max_parallel``
     open at once) or, if it was drained ``lemon_drains`` times in ``lemon_window_s``,
-    judge it a lemon without checks. Nothing when ``[triage]`` is off."""
+    judge it a lemon without checks. A node an operator asked for (``b300ctl nodes triage``)
+    is triaged once more whatever drained it. Nothing when ``[triage]`` is off."""
     if not cfg.enabled:
         return []
     actions: list[Action] = []
@@ -146,14 +151,13 @@ def decide(nodes: Sequence[NodeObservation], hist: Mapping[str, NodeHistory], cf
     for n in sorted(nodes, key=lambda n: n.name):
         if not is_drained(n.state):
             continue
-        cause = cause_of(n.reason)
-        if cause is None:
-            continue
         h = hist.get(n.name) or NodeHistory(n.name)
-        if h.open:
+        requested = h.requested_at is not None and (h.verdict is None or h.requested_at > h.verdict.ts)
+        cause = cause_of(n.reason) or ("manual" if requested else None)
+        if cause is None or h.open:
             continue
         newest_drain = h.drains[-1] if h.drains else None
-        if h.verdict is not None and (newest_drain is None or h.verdict.ts >= newest_drain):
+        if not requested and h.verdict is not None and (newest_drain is None or h.verdict.ts >= newest_drain):
             continue   # judged since its newest drain: stays as it is (a person's turn)
         drains = h.drains_within(now, cfg.lemon_window_s)
         if drains >= cfg.lemon_drains:

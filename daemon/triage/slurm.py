@@ -32,7 +32,7 @@ from pathlib import Path
 
 import structlog
 
-from ..errors import SlurmError
+from ..errors import NotFoundError, SlurmError, UsageError
 from ..events import TRIAGE, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import SubmitRequest
@@ -79,6 +79,21 @@ def job_script(node: str, checks: tuple[CheckTable, ...]) -> str:
                       shipped.rstrip("\n"), "B300_NODE_CHECK"]
         lines.append(f"step {shlex.quote(c.name)} $?")
     return "\n".join(lines) + "\n"
+
+
+def node_triage_request(store: Store, cfg: TriageConfig, node: str, *, returnable: bool, actor: str,
+                        now: datetime) -> dict[str, object]:
+    """An operator's ``b300ctl nodes triage NODE [--returnable]``: one ``triage.override``
+    event; the next upkeep triages the node if it is drained (``returnable``: drains before
+    now no longer count towards a lemon)."""
+    if not cfg.enabled:
+        raise UsageError("node triage is off ([triage] enabled = false in the config)")
+    known = {n.name for n in store.list_nodes()}
+    if known and node not in known:
+        raise NotFoundError(f"unknown node {node!r}")
+    store.append_events([NewEvent(Kind.TRIAGE_OVERRIDE, node=node, actor=actor, data={
+        "triage": True, "returnable": returnable, "by": actor})], now)
+    return {"node": node, "returnable": returnable}
 
 
 class NodeTriage:

@@ -149,3 +149,23 @@ def test_kill_9_mid_triage_finishes_after_restart(daemon: DaemonHandle, slurm_co
                      "-o", "JobID").split()
     assert len(jobs) == 1, jobs   # the restarted daemon adopted the job, did not start another
     print(f"triage: drain -> returned across a kill -9 in {time.monotonic() - t0:.1f} s")
+
+
+def test_an_operator_triages_a_lemon_and_makes_it_returnable(daemon: DaemonHandle, slurm_conf: str,
+                                                             tmp_path: Path) -> None:
+    (tmp_path / "gate").touch()
+    daemon.start()
+    add_events(daemon, *[NewEvent(Kind.NODE_DRAINED, node="gpu02", data={"reason": DEAD}) for _ in range(3)])
+    slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", f"Reason={DEAD}")
+    wait_for(lambda: verdicts(daemon).get("gpu02"), 60, "the lemon verdict")
+    shown = daemon.ctl("nodes", "show", "gpu02")
+    assert shown["lemon"] is True and shown["drains"] == 3
+    proc = daemon.ctl_raw("nodes", "triage", "gpu02", "--returnable")
+    assert proc.returncode == 0, proc.stderr
+    v = wait_for(lambda: (got := verdicts(daemon).get("gpu02")) and got["verdict"] == "pass" and got,
+                 90, "a pass after the override")
+    assert v["resumed"] is True and "DRAIN" not in node(slurm_conf, "gpu02")["State"]
+    shown = daemon.ctl("nodes", "show", "gpu02")
+    kinds = [h["kind"] for h in shown["history"]]
+    assert kinds.count("triage.override") == 1 and kinds[-1] == "node.resumed" and shown["lemon"] is False
+    assert daemon.ctl_raw("nodes", "triage", "bad name!").returncode == 2
