@@ -17,10 +17,13 @@ from b300.alerts import alerts_for
 from b300.config import load_config
 from b300.errors import ConfigError
 from b300.events import Kind
+from b300.health import CycleSnapshot
+from b300.metrics import MetricsSnapshot, render_metrics
 from b300.model import Event, NodeObservation
 from b300.triage import node_check
 from b300.triage.config import CheckTable, TriageConfig
 from b300.triage.decide import Follow, Lemon, Start, cause_of, decide, histories, judge, time_limit_s
+from b300.triage.figures import triage_figures
 from b300.triage.slurm import job_script
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -209,3 +212,26 @@ def test_job_script_runs_each_check_under_its_timeout(tmp_path: Path) -> None:
     p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, check=False)
     v = judge(p.stdout, p.returncode, "COMPLETED", ["node-check", "slow"])
     assert (v.verdict, v.failed_check, v.evidence) == ("fail", "slow", "slow: timed out")
+
+
+def test_report_figures_drains_per_cause_return_times_lemons_and_node_hours() -> None:
+    start, end = NOW - timedelta(days=7), NOW
+    evs = [ev(1, Kind.NODE_DRAINED, "n1", 7200, reason="b300: node dead (b300d checks): x"),
+           ev(2, Kind.NODE_RESUMED, "n1", 6600),                        # back after 10 min
+           ev(3, Kind.NODE_DRAINED, "n2", 3600, reason="b300: straggler in run r job 1: slow"),
+           ev(4, Kind.TRIAGE_VERDICT, "n2", 3000, verdict="fail"),      # still out: 1 h lost
+           ev(5, Kind.NODE_DRAINED, "n3", 1800, reason="b300: run r job 2 FAILED"),
+           ev(6, Kind.TRIAGE_VERDICT, "n3", 1700, verdict="lemon"),
+           ev(7, Kind.NODE_RESUMED, "n4", 100)]                          # never drained: not counted
+    f = triage_figures(evs, start, end)
+    assert f.drains_by_cause == {"attempt": 1, "liveness": 1, "straggler": 1}
+    assert (f.returns, f.return_median_s, f.return_p95_s) == (1, 600.0, 600.0)
+    assert f.outcomes == {"fail": 1, "lemon": 1} and f.lemons == ["n3"]
+    assert f.node_hours_lost == pytest.approx(600 / 3600 + 1.0 + 0.5)
+
+
+def test_metrics_show_verdicts_and_lemon_nodes() -> None:
+    text = render_metrics(MetricsSnapshot(cycle=CycleSnapshot(0, 0, 0.0, 0.0, None),
+                                          triage_verdicts={"pass": 3, "lemon": 1}, lemon_nodes=("gpu07",)))
+    assert 'b300_triage_verdicts_total{verdict="pass"} 3.0' in text
+    assert 'b300_lemon_node{node="gpu07"} 1.0' in text
