@@ -61,6 +61,7 @@ class NodeHistory:
     verdict: Event | None = None            # the newest triage.verdict
     override_at: datetime | None = None     # the newest "returnable" override
     requested_at: datetime | None = None    # the newest operator's request to triage it
+    returned_at: datetime | None = None     # the newest node.resumed (by triage or a person)
 
     @property
     def open(self) -> bool:
@@ -87,6 +88,8 @@ def histories(events: Iterable[Event]) -> dict[str, NodeHistory]:
             h.started = e
         elif e.kind == Kind.TRIAGE_VERDICT:
             h.verdict = e
+        elif e.kind == Kind.NODE_RESUMED:
+            h.returned_at = e.ts
         elif e.kind == Kind.TRIAGE_OVERRIDE:
             if e.data.get("returnable"):
                 h.override_at = e.ts
@@ -157,8 +160,10 @@ def decide(nodes: Sequence[NodeObservation], hist: Mapping[str, NodeHistory], cf
         if cause is None or h.open:
             continue
         newest_drain = h.drains[-1] if h.drains else None
-        if not requested and h.verdict is not None and (newest_drain is None or h.verdict.ts >= newest_drain):
-            continue   # judged since its newest drain: stays as it is (a person's turn)
+        back_since = h.returned_at is not None and h.verdict is not None and h.returned_at >= h.verdict.ts
+        if not requested and not back_since and h.verdict is not None and (
+                newest_drain is None or h.verdict.ts >= newest_drain):
+            continue   # judged since its newest drain and not back since: a person's turn
         drains = h.drains_within(now, cfg.lemon_window_s)
         if drains >= cfg.lemon_drains:
             actions.append(Lemon(n.name, cause, n.reason, drains))

@@ -235,3 +235,10 @@ def test_metrics_show_verdicts_and_lemon_nodes() -> None:
                                           triage_verdicts={"pass": 3, "lemon": 1}, lemon_nodes=("gpu07",)))
     assert 'b300_triage_verdicts_total{verdict="pass"} 3.0' in text
     assert 'b300_lemon_node{node="gpu07"} 1.0' in text
+
+
+def test_a_node_returned_after_its_verdict_and_drained_again_is_triaged_again() -> None:
+    seq = [ev(1, Kind.TRIAGE_STARTED, "n1", 600), ev(2, Kind.TRIAGE_VERDICT, "n1", 500, verdict="pass"),
+           ev(3, Kind.NODE_RESUMED, "n1", 500)]
+    assert [type(a) for a in decide([drained("n1")], histories(seq), ON, NOW)] == [Start]
+    assert decide([drained("n1")], histories(seq[:2]), ON, NOW) == []
