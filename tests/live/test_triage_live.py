@@ -169,3 +169,29 @@ def test_an_operator_triages_a_lemon_and_makes_it_returnable(daemon: DaemonHandl
     kinds = [h["kind"] for h in shown["history"]]
     assert kinds.count("triage.override") == 1 and kinds[-1] == "node.resumed" and shown["lemon"] is False
     assert daemon.ctl_raw("nodes", "triage", "bad name!").returncode == 2
+
+
+def test_observe_mode_withholds_every_triage(tmp_path: Path, slurm_conf: str, gpu: Path) -> None:
+    d = make_daemon(tmp_path, slurm_conf, mode="observe")
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\n")
+    d.start()
+    try:
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu03", "State=DRAIN", f"Reason={DEAD}")
+        from b300.store import open_store
+
+        def withheld() -> list[dict[str, Any]]:
+            store = open_store(d.database_url)
+            try:
+                return [e.data for e in store.events(kinds=[Kind.ACTION_WITHHELD]) if e.node == "gpu03"]
+            finally:
+                store.close()
+
+        got = wait_for(withheld, 30, "the withheld triage")
+        assert got[0]["action"] == "triage" and got[0]["detail"] == DEAD
+        time.sleep(2)
+        assert "DRAIN" in node(slurm_conf, "gpu03")["State"] and verdicts(d) == {}
+        assert "b300-triage" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+    finally:
+        d.kill()
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu03", "State=RESUME")
