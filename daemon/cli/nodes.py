@@ -112,6 +112,8 @@ def _node_show(ctx: Context, node: str) -> dict[str, Any]:
 
 
 def _print_show(doc: dict[str, Any]) -> None:
+    from ..events import Kind
+
     state = str(doc["state"] or "?").lower()
     print(f"{doc['node']}: {state}" + (f" ({doc['reason']})" if doc["reason"] else ""))
     print(f"drains {doc['drains']}, returns {doc['returns']}" + (", LEMON: never returned automatically "
@@ -122,9 +124,9 @@ def _print_show(doc: dict[str, Any]) -> None:
         d = h["data"]
         if "cause" in h:
             detail = f"cause {h['cause']}: {d.get('reason', '')}"
-        elif h["kind"] == "triage.started":
+        elif h["kind"] == Kind.TRIAGE_STARTED:
             detail = f"checks {', '.join(d.get('checks') or [])} (cause {d.get('cause')})"
-        elif h["kind"] == "triage.verdict":
+        elif h["kind"] == Kind.TRIAGE_VERDICT:
             detail = f"{d.get('verdict')}: {d.get('evidence', '')}"
         else:
             detail = ", ".join(f"{k}={v}" for k, v in d.items())

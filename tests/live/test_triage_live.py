@@ -160,6 +160,8 @@ def test_an_operator_triages_a_lemon_and_makes_it_returnable(daemon: DaemonHandl
     wait_for(lambda: verdicts(daemon).get("gpu02"), 60, "the lemon verdict")
     shown = daemon.ctl("nodes", "show", "gpu02")
     assert shown["lemon"] is True and shown["drains"] == 3
+    text = daemon.ctl_raw("nodes", "show", "gpu02").stdout
+    assert "LEMON" in text and "cause liveness" in text and "triage.verdict" in text, text
     proc = daemon.ctl_raw("nodes", "triage", "gpu02", "--returnable")
     assert proc.returncode == 0, proc.stderr
     v = wait_for(lambda: (got := verdicts(daemon).get("gpu02")) and got["verdict"] == "pass" and got,
