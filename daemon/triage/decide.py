@@ -51,6 +51,14 @@ def is_drained(state: str) -> bool:
     return "DRAIN" in s or "DOWN" in s or s.startswith("FAIL")
 
 
+def ready_for_checks(n: NodeObservation) -> bool:
+    """Drained and free: no job left on it (a drain waits for its jobs: a straggler's run
+    goes on until it ends), answering (``*``: not responding, ``~``: powered off)."""
+    s = n.state.upper() + "".join(n.flags)
+    busy = any(w in s for w in ("DRAINING", "DRNG", "ALLOC", "MIX", "COMPLETING"))
+    return not busy and not any(c in s for c in "*~#")
+
+
 @dataclass
 class NodeHistory:
     """One node's triage-relevant events, oldest first, as plain facts."""
@@ -152,8 +160,8 @@ def decide(nodes: Sequence[NodeObservation], hist: Mapping[str, NodeHistory], cf
     actions += [Follow(h.node, h.started) for h in open_ if h.started is not None]
     slots = cfg.max_parallel - len(open_)
     for n in sorted(nodes, key=lambda n: n.name):
-        if not is_drained(n.state):
-            continue
+        if not is_drained(n.state) or not ready_for_checks(n):
+            continue   # a node still running jobs, or not answering, is looked at again later
         h = hist.get(n.name) or NodeHistory(n.name)
         requested = h.requested_at is not None and (h.verdict is None or h.requested_at > h.verdict.ts)
         cause = cause_of(n.reason) or ("manual" if requested else None)

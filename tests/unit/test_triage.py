@@ -242,3 +242,13 @@ def test_a_node_returned_after_its_verdict_and_drained_again_is_triaged_again() 
            ev(3, Kind.NODE_RESUMED, "n1", 500)]
     assert [type(a) for a in decide([drained("n1")], histories(seq), ON, NOW)] == [Start]
     assert decide([drained("n1")], histories(seq[:2]), ON, NOW) == []
+
+
+@pytest.mark.parametrize("state", ["DRAINING", "MIXED+DRAIN", "ALLOCATED+DRAIN", "DOWN*", "DRAINED~"])
+def test_a_node_still_running_jobs_or_not_answering_waits(state: str) -> None:
+    hist = histories([ev(1, Kind.NODE_DRAINED, "n1", 60)])
+    assert decide([NodeObservation("n1", state, DEAD_REASON)], hist, ON, NOW) == []
+    assert [type(a) for a in decide([NodeObservation("n1", "DRAINED", DEAD_REASON)], hist, ON, NOW)] == [Start]
+
+
+DEAD_REASON = "b300: node dead (b300d checks): no sshd"
