@@ -69,6 +69,10 @@ class Kind(enum.StrEnum):
     NODE_SUSPECT = "node.suspect"
     NODE_DRAINED = "node.drained"
     NODE_RESUMED = "node.resumed"
+    # node triage (b300.triage)
+    TRIAGE_STARTED = "triage.started"
+    TRIAGE_VERDICT = "triage.verdict"
+    TRIAGE_OVERRIDE = "triage.override"
     # active failure detection (b300.liveness): not strikes, the daemon's own checks
     LIVENESS_SUSPECT = "liveness.suspect"
     LIVENESS_CLEARED = "liveness.cleared"
@@ -188,7 +192,12 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.NODE_FAILED: _STRIKE,
     Kind.NODE_SUSPECT: _STRIKE,
     Kind.NODE_DRAINED: frozenset({"reason", "black_hole", "straggler", "step"}),
-    Kind.NODE_RESUMED: frozenset(),
+    Kind.NODE_RESUMED: frozenset({"by"}),
+    Kind.TRIAGE_STARTED: frozenset({"cause", "reason", "reservation", "job_name", "checks", "time_limit_s",
+                                    "job_id", "step"}),
+    Kind.TRIAGE_VERDICT: frozenset({"verdict", "failed_check", "evidence", "checks", "job_id", "drains",
+                                    "resumed", "why"}),
+    Kind.TRIAGE_OVERRIDE: frozenset({"returnable", "triage", "by"}),
     Kind.LIVENESS_SUSPECT: _LIVENESS,
     Kind.LIVENESS_CLEARED: _LIVENESS,
     Kind.LIVENESS_DEAD: _LIVENESS,
@@ -243,6 +252,8 @@ STRIKES = (Kind.NODE_FAILED, Kind.NODE_SUSPECT)
 STRIKE_RESETS = (Kind.NODE_RESUMED, Kind.NODE_STATE)
 #: A node's history as `b300ctl nodes NODE` shows it.
 NODE_HISTORY = (*STRIKES, *DRAINS, Kind.NODE_RESUMED, Kind.DRIFT_CLEARED, Kind.NODE_STATE)
+#: What node triage reads back (b300.triage).
+TRIAGE = (*DRAINS, Kind.TRIAGE_STARTED, Kind.TRIAGE_VERDICT, Kind.TRIAGE_OVERRIDE, Kind.NODE_RESUMED)
 #: One accounting outage opens and closes with these.
 ACCOUNTING = (Kind.ACCOUNTING_UNAVAILABLE, Kind.ACCOUNTING_RESTORED)
 #: The checkpoint schedule's own record of an attempt (restored after a restart).

@@ -88,7 +88,7 @@ def check_config(path: str) -> int:
 
 def _mode_words(cfg: Config) -> str:
     """What the daemon will do of its own accord with this config (b300.safety.mode)."""
-    from ..config.policy import action_policy
+    from ..config.action_policy import action_policy
 
     p = action_policy(cfg)
     if not p.acting:

@@ -30,6 +30,7 @@ from ..interfaces import NewEvent, Store
 LIVE_FIELDS = frozenset({
     "poll_interval_s", "max_backoff_s", "log_format", "log_level",
     "admin_group", "recovery", "report", "alerts", "drill", "training", "spares",
+    "triage",
 })
 
 

@@ -108,6 +108,21 @@ class Drill(_Request):
         return value
 
 
+class NodeTriage(_Request):
+    """Triage a drained node now (``returnable``: a lemon may be returned again)."""
+
+    op: Literal["node_triage"]
+    node: str
+    returnable: bool = False
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not is_node_name(value):
+            raise ValueError(f"bad node name {value!r}")
+        return value
+
+
 class DrillStatus(_Request):
     """A drill's record so far (read-only: anyone who may connect)."""
 
@@ -119,7 +134,7 @@ class DrillStatus(_Request):
 MODELS: dict[str, type[_Request]] = {
     "ping": Ping, "status": Status, "wake": Wake, "submit": Submit, "resubmit": Resubmit, "cancel": Cancel,
     "node_resume": NodeResume, "drift_scan": DriftScan, "checkpoints_prune": CheckpointsPrune,
-    "drill": Drill, "drill_status": DrillStatus,
+    "drill": Drill, "drill_status": DrillStatus, "node_triage": NodeTriage,
 }
 READ_ONLY = frozenset({"ping", "status", "drill_status"})
 

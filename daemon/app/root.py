@@ -20,7 +20,7 @@ from ..checkpoints.checkpoint_pass import CheckpointPass
 from ..checkpoints.policy import CheckpointsConfig
 from ..checkpoints.upkeep import CheckpointUpkeep
 from ..config import Config, trigger_program
-from ..config.policy import action_policy
+from ..config.action_policy import action_policy
 from ..cycle.pipeline import PollCycle
 from ..cycle.requeues import RequeueReconciler
 from ..cycle.track import AttemptTracker
@@ -45,6 +45,7 @@ from ..safety.mode import ACT, ActionPolicy, Withheld
 from ..spares.pools import SparePools, pool_user
 from ..spec import spec_of
 from ..training.health_step import TrainingWatch
+from ..triage.slurm import NodeTriage
 from .daemon import CycleRunner, Daemon, DaemonParts
 from .lifetime import Lifetime
 from .operations import Operations
@@ -140,12 +141,16 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                              drainer=StragglerDrainer(store, slurm, clock) if recovery_on else None)
     hangs = HangWatch(store, slurm, clock, progress=training.progress_step,
                       withheld=None if recovery_on else withheld)
+    # Node triage ([triage], b300.triage): off by default; acts only as recovery does.
+    triage = NodeTriage(store, slurm, clock, lambda: current.get().triage, job_log_dir=config.job_log_dir,
+                        act=recovery_on, withheld=withheld)
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
                       recoverer=recoverer, hangs=hangs, training=training,
                       spares=spares if policy.reservations else None,
                       requeues=RequeueReconciler(store, slurm, actions, clock, config.recovery.settle_s)
-                      if recovery_on else None)
+                      if recovery_on else None,
+                      triage=triage.upkeep)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)

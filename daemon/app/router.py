@@ -36,6 +36,7 @@ from ..interfaces import SlurmClient, Store
 from ..model import Run, attempt_to_dict, run_to_dict
 from ..run_actions import RunActions
 from ..spec import parse_spec
+from ..triage.slurm import node_triage_request
 from . import requests as rq
 
 log = structlog.get_logger(__name__)
@@ -162,6 +163,9 @@ class ControlRouter:
     def _act(self, request: rq._Request, actor: str) -> dict[str, Any]:
         if isinstance(request, rq.NodeResume):
             return self._node_resume(request.node, actor)
+        if isinstance(request, rq.NodeTriage):
+            return node_triage_request(self._store, self._config().triage, request.node,
+                                       returnable=request.returnable, actor=actor, now=self._clock())
         if isinstance(request, rq.Submit):
             spec = parse_spec(request.spec_toml, where=request.where)
             if spec.checkpoint.dir and (why := checkpoint_dir_problem(

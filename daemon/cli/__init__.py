@@ -84,9 +84,9 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     _add(common, COMMON)
     changes = ", ".join(path for path, c in walk(commands) if c.mutating)
     ap = _Parser(prog="b300ctl", description="Drive the b300 orchestrator.", parents=[common],
-                 epilog=f"{changes}, nodes resume and checkpoints --prune --yes are requests to the running "
-                        "b300d (admins only); the rest read the state store (status asks this host's "
-                        "b300d first).")
+                 epilog=f"{changes}, nodes resume, nodes triage and checkpoints --prune --yes are requests "
+                        "to the running b300d (admins only); the rest read the state store (status asks "
+                        "this host's b300d first).")
     ap.add_argument("--version", action=_Version, help="print the version and the state store schema, "
                                                        "and exit")
     _add_commands(ap, commands, [common], "command", required=True)

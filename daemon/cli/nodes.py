@@ -1,5 +1,7 @@
 """``b300ctl nodes`` (every node with its failure and drain history), ``nodes resume NODE``
-(a request to the daemon) and ``b300ctl notify`` (what the Slurm triggers call)."""
+and ``nodes triage NODE [--returnable]`` (requests to the daemon), ``nodes show NODE`` (one
+node's drains, causes, checks and returns) and ``b300ctl notify`` (what the Slurm triggers
+call)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,21 @@ def run_nodes(ctx: Context, args: argparse.Namespace) -> int:
             else:
                 print(f"resumed {result['node']}")
         return code
+    if args.action == "triage":
+        if not args.node:
+            raise UsageError("nodes triage needs a node name")
+        code, result = ctx.ask({"op": "node_triage", "node": args.node, "returnable": args.returnable})
+        if code == 0:
+            if ctx.json:
+                print_json(result, lines=True)
+            else:
+                print(f"triage of {result['node']} asked" + (" (returnable: earlier drains no longer make it a "
+                                                             "lemon)" if result["returnable"] else ""))
+        return code
+    if args.action == "show":
+        if not args.node:
+            raise UsageError("nodes show needs a node name")
+        return show(ctx.json, _node_show(ctx, args.node), _print_show)
     rows, pools = _node_rows(ctx)
     code = show(ctx.json, rows, _print_nodes)
     if pools and not ctx.json:
@@ -61,6 +78,60 @@ def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
                         for e in mine if e.kind != Kind.NODE_STATE][-_HISTORY_SHOWN:],
         })
     return rows, spare_pools(pool_events)
+
+
+def _node_show(ctx: Context, node: str) -> dict[str, Any]:
+    """One node's history: drains (with their cause), triages (checks, verdict), returns."""
+    from ..events import NODE_HISTORY, TRIAGE, Kind
+    from ..triage.decide import cause_of
+
+    store = ctx.open_store()
+    try:
+        known = {n.name: n for n in store.list_nodes()}
+        events = store.events(node=node, kinds=sorted({*NODE_HISTORY, *TRIAGE}))
+    finally:
+        store.close()
+    if node not in known and not events:
+        raise UsageError(f"unknown node {node!r}")
+    now = known.get(node)
+    history = []
+    for e in events:
+        if e.kind == Kind.NODE_STATE:
+            continue
+        item: dict[str, Any] = {"ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor, "run_id": e.run_id}
+        if e.kind in (Kind.NODE_DRAINED, Kind.DRIFT_DRAINED):
+            item["cause"] = cause_of(str(e.data.get("reason") or "b300: drift")) or "other"
+        item["data"] = e.data
+        history.append(item)
+    verdicts = [e for e in events if e.kind == Kind.TRIAGE_VERDICT]
+    return {"node": node, "state": now.state if now else None, "reason": now.reason if now else None,
+            "drains": sum(1 for h in history if "cause" in h),
+            "returns": sum(1 for e in events if _returned(e)),
+            "lemon": bool(verdicts) and verdicts[-1].data.get("verdict") == "lemon",
+            "last_verdict": verdicts[-1].data if verdicts else None, "history": history}
+
+
+def _print_show(doc: dict[str, Any]) -> None:
+    from ..events import Kind
+
+    state = str(doc["state"] or "?").lower()
+    print(f"{doc['node']}: {state}" + (f" ({doc['reason']})" if doc["reason"] else ""))
+    print(f"drains {doc['drains']}, returns {doc['returns']}" + (", LEMON: never returned automatically "
+                                                                 "(b300ctl nodes triage NODE --returnable)"
+                                                                 if doc["lemon"] else ""))
+    table = [["TIME", "EVENT", "BY", "DETAIL"]]
+    for h in doc["history"]:
+        d = h["data"]
+        if "cause" in h:
+            detail = f"cause {h['cause']}: {d.get('reason', '')}"
+        elif h["kind"] == Kind.TRIAGE_STARTED:
+            detail = f"checks {', '.join(d.get('checks') or [])} (cause {d.get('cause')})"
+        elif h["kind"] == Kind.TRIAGE_VERDICT:
+            detail = f"{d.get('verdict')}: {d.get('evidence', '')}"
+        else:
+            detail = ", ".join(f"{k}={v}" for k, v in d.items())
+        table.append([h["ts"][:19], h["kind"], h["actor"], detail[:120]])
+    print_table(table)
 
 
 def spare_pools(events: list[Event]) -> list[dict[str, Any]]:
@@ -99,10 +170,13 @@ def run_notify(ctx: Context, args: argparse.Namespace) -> int:
 
 
 COMMANDS = (
-    Command("nodes", "nodes with their failure/drain history; 'nodes resume NODE'", run_nodes, arguments=(
-        arg("action", nargs="?", choices=["list", "resume"], default="list"),
-        arg("node", nargs="?", help="node to resume"),
-    )),
+    Command("nodes", "nodes with their failure/drain history; 'nodes resume|triage|show NODE'", run_nodes,
+            arguments=(
+                arg("action", nargs="?", choices=["list", "resume", "triage", "show"], default="list"),
+                arg("node", nargs="?", help="node to resume, triage or show"),
+                arg("--returnable", action="store_true",
+                    help="with triage: a lemon may be returned again (its earlier drains no longer count)"),
+            )),
     Command("notify", "tell the daemon something happened (used by Slurm triggers)", run_notify,
             mutating=True, arguments=(
                 arg("event", choices=["node-down", "wake"]),

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..liveness.timing import LivenessConfig
     from ..spares.pool_config import SparesConfig
     from ..training.thresholds import TrainingConfig
+    from ..triage.checks import TriageConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,13 @@ def _spares_defaults() -> SparesConfig:
     from ..spares.pool_config import SparesConfig
 
     return SparesConfig()
+
+
+def _triage_defaults() -> TriageConfig:
+    # [triage] is a pydantic model too (b300.triage.checks), imported when first needed.
+    from ..triage.checks import TriageConfig
+
+    return TriageConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,7 @@ class Config:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     drill: DrillConfig = field(default_factory=DrillConfig)  # [drill]: b300ctl drill
     spares: SparesConfig = field(default_factory=_spares_defaults)  # [spares]: b300.spares
+    triage: TriageConfig = field(default_factory=_triage_defaults)  # [triage]: b300.triage
 
 
 def trigger_program(cfg: Config) -> str:

@@ -5,7 +5,7 @@ liveness, straggler drains, version drift, drills, operators through the control
 socket) asks this executor. It keeps three promises in one place:
 
 - **fenced**: the Slurm client it is given is the daemon's fenced one
-  (:class:`b300.fence.FencedSlurm`), so a standby that lost its lease changes nothing;
+  (:class:`b300.ha.fence.FencedSlurm`), so a standby that lost its lease changes nothing;
 - **once**: a drain of a node Slurm already shows drained by the daemon (a reason that
   starts with ``b300``) is not sent again, so an action re-decided after a crash (the
   spine is level-triggered: what is not recorded as done is decided again) reaches

@@ -83,9 +83,11 @@ class PollCycle:
         training: TrainingWatch | None = None,
         spares: SparePools | None = None,
         requeues: RequeueReconciler | None = None,
+        triage: Callable[[], object] | None = None,
     ) -> None:
         self._requeues = requeues
         self._spares = spares
+        self._triage = triage   # b300.triage.slurm.NodeTriage.upkeep
         self._store = store
         self._slurm = slurm
         self._actions = actions
@@ -144,6 +146,13 @@ class PollCycle:
                 self._spares.upkeep()
             except SlurmError as exc:
                 report.errors.append(f"spares: {exc}")
+        if self._triage is not None:
+            # Last: drained nodes checked on the node, returned or kept out (b300.triage).
+            try:
+                with _watch_guard("triage", report):
+                    self._triage()
+            except SlurmError as exc:
+                report.errors.append(f"triage: {exc}")
         report.slurm_calls = _calls(self._slurm) - calls0
         report.cpu_s = time.process_time() - cpu0
         report.wall_s = time.monotonic() - wall0

@@ -44,7 +44,7 @@ _STRINGS = ("/srv/b300-reference", "debug", "json", "sqlite:////srv/b300-referen
 _LISTS: tuple[list[Any], ...] = (
     ["ops@example.org"], ["/usr/bin/true", "{node}"], ["/srv/b300-reference"], ["driver"], ["JOB_ERROR"],
     [{"name": "offsite", "kind": "filesystem", "path": "/srv/replicas/{run}"}],
-    [{"partition": "gpu", "nodes": 1}])
+    [{"partition": "gpu", "nodes": 1}], [{"name": "nccl", "argv": ["/usr/bin/true"], "timeout_s": 30.0}])
 _TABLES: tuple[dict[str, Any], ...] = ({"node2": "node2"}, {"driver": "warn"}, {"driver": "550.1"})
 
 _UNIT_VALIDATORS = {"_duration": "duration", "_span": "duration, 0 = off", "_seconds": "duration",

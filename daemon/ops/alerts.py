@@ -84,6 +84,9 @@ def alerts_for(new: Sequence[Event], recent_drains: Sequence[Event], drained_bur
             alerts.append(Alert(e.id, e.kind, e.ts, f"{len(nodes)} of {checked} nodes silent "
                                 f"at once (network partition or the login node's link; nothing drained): "
                                 f"{listed}"[:300], nodes=nodes))
+        elif e.kind == Kind.TRIAGE_VERDICT and e.data.get("verdict") in ("fail", "lemon"):
+            summary = f"node {e.node} kept out by triage ({e.data.get('verdict')}): {e.data.get('evidence')}"
+            alerts.append(Alert(e.id, e.kind, e.ts, summary[:300], node=e.node))
         elif e.kind in DRAINS:
             burst = [d for d in drains if d.id <= e.id and d.ts >= e.ts - BURST_WINDOW]
             # One alert when the burst reaches the threshold, not one per further drain.

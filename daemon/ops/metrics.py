@@ -41,6 +41,7 @@ from ..model import Run, RunState
 from ..report.compute import RunInput, checkpoint_figures
 from ..spares.pool import latest_pools
 from ..spec import JobSpec, parse_spec
+from ..triage.figures import lemon_nodes
 from .health import CycleSnapshot
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class MetricsSnapshot:
     training_findings: dict[tuple[str, str], int] = field(default_factory=dict)
     step_relaunches_total: int = 0   # in-allocation restarts (spare_nodes)
     spare_pool_nodes: dict[str, int] = field(default_factory=dict)  # [spares]: idle nodes per partition
+    triage_verdicts: dict[str, int] = field(default_factory=dict)   # [triage]: verdicts so far, by verdict
+    lemon_nodes: tuple[str, ...] = ()                                # [triage]: nodes never returned
 
 
 #: The per-run schedule gauges: (key in ``checkpoint_schedule``, metric name, HELP).
@@ -127,6 +130,16 @@ def metric_families(m: MetricsSnapshot) -> list[Metric]:
         for partition, count in sorted(m.spare_pool_nodes.items()):
             pool.add_metric([partition], count)
         out.append(pool)
+    if m.triage_verdicts:
+        verdicts = CounterMetricFamily("b300_triage_verdicts", "node triage verdicts (pass, fail, lemon)",
+                                       labels=["verdict"])
+        for verdict, count in sorted(m.triage_verdicts.items()):
+            verdicts.add_metric([verdict], count)
+        lemons = GaugeMetricFamily("b300_lemon_node", "1 for a node triage keeps out as a lemon",
+                                   labels=["node"])
+        for node in m.lemon_nodes:
+            lemons.add_metric([node], 1)
+        out += [verdicts, lemons]
     if m.drift_findings_open is not None:
         out.append(_gauge("b300_drift_findings_open", "open version drift findings", m.drift_findings_open))
     out.append(_per_run("b300_checkpoint_newest_age_seconds", "age of the newest complete checkpoint per run",
@@ -215,7 +228,7 @@ def _training_families(m: MetricsSnapshot) -> list[Metric]:
 
 #: A snapshot with every optional family present: what :meth:`SnapshotCollector.describe` names.
 _EVERY_FAMILY = MetricsSnapshot(cycle=CycleSnapshot(0, 0, 0.0, 0.0, None), drift_findings_open=0,
-                                spare_pool_nodes={"-": 0})
+                                spare_pool_nodes={"-": 0}, triage_verdicts={"-": 0})
 
 
 class SnapshotCollector(Collector):
@@ -266,6 +279,10 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         pools = {str(e.data.get("partition")): len(e.data.get("idle") or [])
                  for e in latest_pools(store.events(kinds=[Kind.SPARES_POOL]))}
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
+        verdict_events = store.events(kinds=[Kind.TRIAGE_VERDICT])
+        verdicts: dict[str, int] = {}
+        for e in verdict_events:
+            verdicts[str(e.data.get("verdict"))] = verdicts.get(str(e.data.get("verdict")), 0) + 1
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
         schedules: dict[str, dict[str, float]] = {}
@@ -309,7 +326,8 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
         return MetricsSnapshot(cycle=cycle, store_up=False)
     return MetricsSnapshot(cycle, True, by_state, recoveries, drained, drift_open, ages, lags,
                            checkpoint_schedule=schedules, training_findings=findings,
-                           step_relaunches_total=relaunched, spare_pool_nodes=pools)
+                           step_relaunches_total=relaunched, spare_pool_nodes=pools,
+                           triage_verdicts=verdicts, lemon_nodes=tuple(lemon_nodes(verdict_events)))
 
 
 def _schedule_figures(s: RunSchedule) -> dict[str, float]:

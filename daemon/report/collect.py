@@ -9,9 +9,10 @@ import structlog
 from ..checkpoints.advice import run_schedule
 from ..checkpoints.cadence import HISTORY
 from ..errors import B300Error
-from ..events import Kind
+from ..events import TRIAGE, Kind
 from ..interfaces import Store
 from ..spec import parse_spec
+from ..triage.figures import triage_figures
 from .compute import RunInput, WeeklyReport, Window, weekly_report
 from .spares import SpareRun, spare_figures
 
@@ -63,5 +64,8 @@ def collect_report(store: Store, window: Window, now: datetime) -> WeeklyReport:
     # window says what a pool held when the window began, however old it is.
     pool_events = store.events(kinds=[Kind.SPARES_POOL])
     spares = spare_figures(spare_runs, events, pool_events, window.since, min(window.until, now))
+    # Node triage (b300.triage): every drain, return and verdict there is (few per node).
+    triage = triage_figures(store.events(kinds=[*TRIAGE, Kind.DRIFT_CLEARED]), window.since,
+                            min(window.until, now))
     return weekly_report(inputs, events, window, now, drift_open=len(store.drift.open_findings()),
-                         spares=spares)
+                         spares=spares, triage=triage)

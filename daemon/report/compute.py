@@ -32,6 +32,7 @@ from ..checkpoints.cadence import YoungDaly
 from ..events import DRAINS, RETURNS, Kind
 from ..model import Attempt, Event, Run
 from ..training.stats import median
+from ..triage.figures import TriageFigures
 from .spares import SpareFigures
 
 CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
@@ -224,6 +225,7 @@ class WeeklyReport:
     training: tuple[TrainingRunFigures, ...] = ()
     training_findings: tuple[TrainingFindingRow, ...] = ()
     spares: SpareFigures | None = None    # None: no pool held, no run with spare nodes
+    triage: TriageFigures | None = None   # drains per cause, time to return, verdicts, lemons
 
     @property
     def ettr(self) -> float | None:
@@ -457,6 +459,7 @@ def weekly_report(
     drift_open: int | None = None,
     checkpoints_available: bool = True,
     spares: SpareFigures | None = None,
+    triage: TriageFigures | None = None,
 ) -> WeeklyReport:
     """The report for ``window`` from the runs (with their attempts) and the events in it."""
     figures: list[RunFigures] = []
@@ -504,7 +507,8 @@ def weekly_report(
         drift_open=drift_open, checkpoints=tuple(ckpt) if checkpoints_available else None,
         jobs=jobs, gpu_hours=gpu_hours, notes=tuple(notes), drills=drill_rows(events, window),
         training=tuple(training_figures(f, events, window) for f in sorted(figures, key=lambda r: r.run_id)),
-        training_findings=training_findings(events, window), spares=spares)
+        training_findings=training_findings(events, window), spares=spares,
+        triage=triage)
 
 
 def week_key(window: Window) -> str:

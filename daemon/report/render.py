@@ -121,6 +121,27 @@ def spare_lines(report: WeeklyReport) -> list[str]:
     return lines + [f"Note: {n}" for n in sp.notes]
 
 
+def triage_lines(report: WeeklyReport) -> list[str]:
+    """Node triage: drains per cause, drain to return (median, p95), verdicts, lemons, node-hours lost."""
+    t = report.triage
+    if t is None:
+        return []
+    causes = ", ".join(f"{c} {n}" for c, n in sorted(t.drains_by_cause.items())) or "none"
+    outcomes = ", ".join(f"{v} {n}" for v, n in sorted(t.outcomes.items())) or "none"
+    return [
+        f"Drains per cause: {causes}",
+        f"Drain to return: median {_minutes(t.return_median_s)}, p95 {_minutes(t.return_p95_s)} "
+        f"({t.returns} returns)",
+        f"Triage verdicts: {outcomes}",
+        f"Lemon nodes (never returned automatically): {', '.join(t.lemons) or 'none'}",
+        f"Node-hours lost in drain: {t.node_hours_lost:.1f}",
+    ]
+
+
+def _minutes(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds / 60:.1f} min"
+
+
 def title(report: WeeklyReport) -> str:
     w = report.window
     return f"b300 weekly report {w.since:%Y-%m-%d} to {w.until:%Y-%m-%d}"
@@ -170,6 +191,9 @@ def render_text(report: WeeklyReport) -> str:
     out += [f"  {p}: {n}" for p, n in sorted(report.drift_findings.items())] or ["  none"]
     out += ["", "Failure drills (b300ctl drill; seconds from the node pulled)"]
     out += [_table(drill_rows(report)) if report.drills else "  none"]
+    if report.triage is not None:
+        out += ["", "Node triage"]
+        out += [f"  {line}" for line in triage_lines(report)]
     if report.spares is not None:
         out += ["", "Spare capacity: cost and time saved"]
         out += [f"  {line}" for line in spare_lines(report)]
@@ -262,6 +286,10 @@ def render_html(report: WeeklyReport, pngs: dict[str, bytes], image_src: ImageSr
                  if report.drift_findings else "<p>none</p>")
     parts.append("<h2 style=\"font-size:16px\">Failure drills</h2>")
     parts.append(_html_table(drill_rows(report)) if report.drills else "<p>none</p>")
+    if report.triage is not None:
+        parts.append("<h2 style=\"font-size:16px\">Node triage</h2><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in triage_lines(report)]
+        parts.append("</ul>")
     if report.spares is not None:
         parts.append("<h2 style=\"font-size:16px\">Spare capacity: cost and time saved</h2><ul>")
         parts += [f"<li>{e(line)}</li>" for line in spare_lines(report)]

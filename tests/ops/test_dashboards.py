@@ -36,7 +36,7 @@ def _served_names() -> set[str]:
                            checkpoint_age_s={"r1": 5.0}, replication_lag_s={"r1": 0.0},
                            checkpoint_schedule={"r1": {"interval_s": 60.0, "overdue": 0.0,
                                                        "young_daly_s": 30.0, "save_s": 1.0, "mtbf_s": 9.0}},
-                           training={"r1": figures})
+                           training={"r1": figures}, triage_verdicts={"pass": 1}, lemon_nodes=("gpu03",))
     server = MetricsServer("127.0.0.1", 0, lambda: snap)
     server.start()
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from b300.config import load_config
-from b300.config.policy import action_policy
+from b300.config.action_policy import action_policy
 from b300.errors import ConfigError
 from b300.events import Kind
 from b300.interfaces import NewEvent

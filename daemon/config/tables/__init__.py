@@ -17,6 +17,7 @@ from ...grammar.types import Table, problem, validate
 from ...liveness.timing import LivenessConfig
 from ...spares.pool_config import SparesConfig
 from ...training.thresholds import TrainingConfig
+from ...triage.checks import TriageConfig
 from ..settings import Config, RecoveryConfig
 from .checkpoints import CheckpointsTable, checkpoints_config
 from .daemon import DaemonTable, RecoveryTable, SlurmTable
@@ -38,6 +39,7 @@ class ConfigFile(Table):
     alerts: AlertsTable = Field(default_factory=AlertsTable)
     drill: DrillTable = Field(default_factory=DrillTable)  # b300ctl drill
     spares: SparesConfig = Field(default_factory=SparesConfig)  # the daemon-held spare pools
+    triage: TriageConfig = Field(default_factory=TriageConfig)  # drained nodes checked, returned
 
     @model_validator(mode="after")
     def _alert_mail_has_smtp(self) -> ConfigFile:
@@ -83,4 +85,5 @@ def config_from_toml(doc: dict[str, Any], path: str) -> Config:
         alerts=alerts_config(f.alerts),
         drill=drill_config(f.drill),
         spares=f.spares,
+        triage=f.triage,
     )

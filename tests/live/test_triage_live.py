@@ -1,0 +1,199 @@
+"""Node triage (issue 32) end to end on the local cluster, with stand-in GPU tools.
+
+Four nodes drained with the daemon's own reasons: a healthy one returns; one whose
+(stand-in) nvidia-smi reports uncorrectable ECC errors and one with an Xid line in its
+kernel log stay drained with a reason naming the failed check; a lemon (drained three
+times this week) is never run nor returned. Then a daemon killed with SIGKILL while a
+triage job runs finishes that triage after its restart.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from b300.events import Kind
+from b300.interfaces import NewEvent
+from helpers import DaemonHandle, make_daemon, slurm_cmd, wait_for
+
+pytestmark = pytest.mark.slurm
+NODES = ("gpu01", "gpu02", "gpu03", "gpu04")
+DEAD = "b300: node dead (b300d checks): sshd refused (test)"
+
+SMI = """#!/bin/sh
+# stand-in nvidia-smi: DRAM uncorrectable count from $B300_TEST_GPU/ecc-<node> (default 0)
+n=$(cat "$B300_TEST_GPU/ecc-$SLURMD_NODENAME" 2>/dev/null || echo 0)
+if [ "$1" = nvlink ]; then echo "GPU 0: Link 0: 26.562 GB/s"; exit 0; fi
+printf 'GPU 00000000:17:00.0\\n    ECC Errors\\n        Volatile\\n'
+printf '            DRAM Uncorrectable                : %s\\n' "$n"
+"""
+
+
+def node(conf: str, name: str) -> dict[str, str]:
+    out = slurm_cmd(conf, "scontrol", "show", "node", name, "-o")
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def verdicts(d: DaemonHandle) -> dict[str, dict[str, Any]]:
+    from b300.store import open_store
+
+    store = open_store(d.database_url)
+    try:
+        return {e.node or "": e.data for e in store.events(kinds=[Kind.TRIAGE_VERDICT])}
+    finally:
+        store.close()
+
+
+def add_events(d: DaemonHandle, *events: NewEvent) -> None:
+    from datetime import UTC, datetime
+
+    from b300.store import open_store
+
+    store = open_store(d.database_url)
+    try:
+        store.append_events(list(events), datetime.now(UTC))
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def gpu(tmp_path: Path) -> Path:
+    """A bin folder with the stand-in nvidia-smi, put first on the daemon's (and so its jobs') PATH."""
+    bin_dir = tmp_path / "gpu-bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(SMI)
+    smi.chmod(0o755)
+    return bin_dir
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, slurm_conf: str, gpu: Path) -> Iterator[DaemonHandle]:
+    d = make_daemon(tmp_path, slurm_conf)
+    d.env["PATH"] = f"{gpu}:{d.env['PATH']}"
+    d.env["B300_TEST_GPU"] = str(tmp_path)
+    (tmp_path / "logs").mkdir()
+    gate = tmp_path / "gate"
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\nlemon_drains = 3\n"
+                '[[triage.check]]\nname = "node-check"\ntimeout_s = 60\n'
+                f'args = ["--kernel-log", "{tmp_path}/logs/kern-{{node}}.log", "--disk", "{tmp_path}"]\n'
+                '[[triage.check]]\nname = "gate"\ntimeout_s = 120\n'
+                f'argv = ["/bin/sh", "-c", "while [ ! -e {gate} ]; do sleep 0.2; done"]\n')
+    try:
+        yield d
+    finally:
+        d.kill()
+        for n in NODES:
+            slurm_cmd(slurm_conf, "scancel", f"--name=b300-triage-{n}")
+            if f"b300-triage-{n}" in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+                slurm_cmd(slurm_conf, "scontrol", "delete", f"ReservationName=b300-triage-{n}")
+            if "DRAIN" in node(slurm_conf, n).get("State", ""):
+                slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={n}", "State=RESUME")
+
+
+def test_healthy_returns_faulty_stay_out_a_lemon_never_runs(daemon: DaemonHandle, slurm_conf: str,
+                                                            tmp_path: Path) -> None:
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (tmp_path / "gate").touch()
+    (tmp_path / "ecc-gpu02").write_text("2\n")
+    (tmp_path / "logs" / "kern-gpu03.log").write_text(
+        "[812.1] NVRM: Xid (PCI:0000:17:00): 79, pid=0, GPU has fallen off the bus.\n")
+    daemon.start()
+    add_events(daemon, *[NewEvent(Kind.NODE_DRAINED, node="gpu04", data={"reason": DEAD}) for _ in range(3)])
+    t0 = time.monotonic()
+    for n in NODES:
+        slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={n}", "State=DRAIN", f"Reason={DEAD}")
+    v = wait_for(lambda: (got := verdicts(daemon)).keys() >= set(NODES) and got, 150, "four verdicts")
+    assert v["gpu01"]["verdict"] == "pass" and v["gpu01"]["resumed"] is True
+    assert (v["gpu02"]["verdict"], v["gpu02"]["failed_check"]) == ("fail", "gpu-ecc")
+    assert (v["gpu03"]["verdict"], v["gpu03"]["failed_check"]) == ("fail", "xid")
+    assert (v["gpu04"]["verdict"], v["gpu04"]["drains"]) == ("lemon", 3)
+    print(f"triage: drained -> verdicts for 4 nodes in {time.monotonic() - t0:.1f} s")
+    assert "DRAIN" not in node(slurm_conf, "gpu01")["State"]
+    assert "triage failed gpu-ecc" in slurm_cmd(slurm_conf, "sinfo", "-R", "-h", "-n", "gpu02", "-o", "%E")
+    assert "triage failed xid" in slurm_cmd(slurm_conf, "sinfo", "-R", "-h", "-n", "gpu03", "-o", "%E")
+    assert "triage lemon" in slurm_cmd(slurm_conf, "sinfo", "-R", "-h", "-n", "gpu04", "-o", "%E")
+    assert "b300-triage" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+    # the lemon never ran a job; the kept-out nodes are not triaged again
+    assert slurm_cmd(slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu04", "-S", since,
+                     "-o", "JobID").strip() == ""
+    time.sleep(3)
+    assert len(verdicts(daemon)) == 4
+    for n in ("gpu02", "gpu03", "gpu04"):
+        assert "DRAIN" in node(slurm_conf, n)["State"]
+
+
+def test_kill_9_mid_triage_finishes_after_restart(daemon: DaemonHandle, slurm_conf: str,
+                                                  tmp_path: Path) -> None:
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    daemon.start()
+    t0 = time.monotonic()
+    slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu01", "State=DRAIN", f"Reason={DEAD}")
+    wait_for(lambda: "RUNNING" in slurm_cmd(slurm_conf, "squeue", "-h", "--name=b300-triage-gpu01", "-o", "%T"),
+             60, "the triage job to run")
+    daemon.kill(signal.SIGKILL)
+    (tmp_path / "gate").touch()
+    daemon.start()
+    v = wait_for(lambda: verdicts(daemon).get("gpu01"), 90, "the verdict after the restart")
+    assert (v["verdict"], v["resumed"]) == ("pass", True), json.dumps(v)
+    assert "DRAIN" not in node(slurm_conf, "gpu01")["State"]
+    assert "b300-triage-gpu01" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+    jobs = slurm_cmd(slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu01", "-S", since,
+                     "-o", "JobID").split()
+    assert len(jobs) == 1, jobs   # the restarted daemon adopted the job, did not start another
+    print(f"triage: drain -> returned across a kill -9 in {time.monotonic() - t0:.1f} s")
+
+
+def test_an_operator_triages_a_lemon_and_makes_it_returnable(daemon: DaemonHandle, slurm_conf: str,
+                                                             tmp_path: Path) -> None:
+    (tmp_path / "gate").touch()
+    daemon.start()
+    add_events(daemon, *[NewEvent(Kind.NODE_DRAINED, node="gpu02", data={"reason": DEAD}) for _ in range(3)])
+    slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", f"Reason={DEAD}")
+    wait_for(lambda: verdicts(daemon).get("gpu02"), 60, "the lemon verdict")
+    shown = daemon.ctl("nodes", "show", "gpu02")
+    assert shown["lemon"] is True and shown["drains"] == 3
+    text = daemon.ctl_raw("nodes", "show", "gpu02").stdout
+    assert "LEMON" in text and "cause liveness" in text and "triage.verdict" in text, text
+    proc = daemon.ctl_raw("nodes", "triage", "gpu02", "--returnable")
+    assert proc.returncode == 0, proc.stderr
+    v = wait_for(lambda: (got := verdicts(daemon).get("gpu02")) and got["verdict"] == "pass" and got,
+                 90, "a pass after the override")
+    assert v["resumed"] is True and "DRAIN" not in node(slurm_conf, "gpu02")["State"]
+    shown = daemon.ctl("nodes", "show", "gpu02")
+    kinds = [h["kind"] for h in shown["history"]]
+    assert kinds.count("triage.override") == 1 and kinds[-1] == "node.resumed" and shown["lemon"] is False
+    assert daemon.ctl_raw("nodes", "triage", "bad name!").returncode == 2
+
+
+def test_observe_mode_withholds_every_triage(tmp_path: Path, slurm_conf: str, gpu: Path) -> None:
+    d = make_daemon(tmp_path, slurm_conf, mode="observe")
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\n")
+    d.start()
+    try:
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu03", "State=DRAIN", f"Reason={DEAD}")
+        from b300.store import open_store
+
+        def withheld() -> list[dict[str, Any]]:
+            store = open_store(d.database_url)
+            try:
+                return [e.data for e in store.events(kinds=[Kind.ACTION_WITHHELD]) if e.node == "gpu03"]
+            finally:
+                store.close()
+
+        got = wait_for(withheld, 30, "the withheld triage")
+        assert got[0]["action"] == "triage" and got[0]["detail"] == DEAD
+        time.sleep(2)
+        assert "DRAIN" in node(slurm_conf, "gpu03")["State"] and verdicts(d) == {}
+        assert "b300-triage" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+    finally:
+        d.kill()
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu03", "State=RESUME")
