@@ -41,6 +41,9 @@ class Kind(enum.StrEnum):
     # in-allocation restart (spare_nodes): a new training step in the same Slurm job
     ATTEMPT_STEP_RELAUNCH = "attempt.step_relaunch"
     ATTEMPT_STEP_STARTED = "attempt.step_started"
+    # PyTorch Elastic runs (b300.elastic): an agent's node lost, an agent started on a spare
+    ELASTIC_MEMBER_LEFT = "elastic.member_left"
+    ELASTIC_MEMBER_JOINED = "elastic.member_joined"
     EXCLUSIONS_ENDED = "exclusions.ended"
     EXCLUSIONS_TRIMMED = "exclusions.trimmed"
     # recovery
@@ -159,6 +162,10 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_STEP_RELAUNCH: frozenset({"job_id", "generation", "exclude", "outcome", "resume_from",
                                            "suspects", "checkpoints_checked", "spares_left", "cause"}),
     Kind.ATTEMPT_STEP_STARTED: frozenset({"job_id", "generation", "step_id", "nodes", "exclude"}),
+    Kind.ELASTIC_MEMBER_LEFT: frozenset({"job_id", "node", "cause", "members", "restarts_used",
+                                         "max_restarts", "then"}),
+    Kind.ELASTIC_MEMBER_JOINED: frozenset({"job_id", "node", "generation", "replaces", "members",
+                                           "spares_left"}),
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
     Kind.SPARES_POOL: frozenset({"partition", "reservation", "wanted", "nodes", "idle", "held", "added",
