@@ -89,6 +89,15 @@ def node_addr(node: str) -> str:
     return m.group(1) if m else node
 
 
+def job_nodes(job_id: str) -> set[str] | None:
+    """The nodes Slurm holds in the job now (None when it cannot tell)."""
+    try:
+        listed = _slurm("squeue", "-h", "-j", job_id, "-o", "%N").strip()
+        return set(_slurm("scontrol", "show", "hostnames", listed).split()) if listed else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def agent_argv(node: str, *, job_id: str, endpoint: str, args: argparse.Namespace) -> list[str]:
     """One torchrun agent on ``node``, as a one-node step of the job."""
     conf = f"is_host=false,join_timeout={args.join_timeout},last_call_timeout={args.last_call}"
@@ -139,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     started_at: dict[str, float] = {}
 
     def start(node: str) -> None:
-        agents[node] = subprocess.Popen(agent_argv(node, job_id=job_id, endpoint=endpoint, args=args))
+        # Each rendezvous round's rank 0 publishes its own worker store address: with the
+        # shared agent store (torch's default) a rank 0 that stays rank 0 never publishes it
+        # again and an agent joining later waits for it forever.
+        env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        agents[node] = subprocess.Popen(agent_argv(node, job_id=job_id, endpoint=endpoint, args=args),
+                                        env=env)
         started_at[node] = time.time()
 
     def status() -> None:
@@ -159,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         start(node)
     status()
     idle_since: float | None = None
+    done_since: float | None = None
+    next_check = time.monotonic() + 5
     last_code = 1
     while True:
         changed = False
@@ -171,12 +187,23 @@ def main(argv: list[str] | None = None) -> int:
             code = proc.poll()
             if code is not None and node not in ended:
                 ended[node], last_code, changed = code, code, True
+        if time.monotonic() >= next_check:
+            # An agent whose node Slurm took out of the job (set DOWN under --no-kill) is
+            # gone, though its srun may wait for that node's end of step for ever.
+            next_check = time.monotonic() + 5
+            in_job = job_nodes(job_id)
+            for node in agents:
+                if in_job is not None and node not in ended and node not in in_job:
+                    ended[node], changed = -1, True
         if changed:
             status()
         running = [n for n in agents if n not in ended]
-        if not running:
-            if any(c == 0 for c in ended.values()):
+        if any(c == 0 for c in ended.values()):
+            # The training is done; an srun to a node that died may never return.
+            done_since = done_since or time.monotonic()
+            if not running or time.monotonic() - done_since > args.hold:
                 return 0
+        elif not running:
             idle_since = idle_since or time.monotonic()
             if time.monotonic() - idle_since > args.hold:
                 return last_code or 1
