@@ -41,11 +41,11 @@ class Kind(enum.StrEnum):
     # in-allocation restart (spare_nodes): a new training step in the same Slurm job
     ATTEMPT_STEP_RELAUNCH = "attempt.step_relaunch"
     ATTEMPT_STEP_STARTED = "attempt.step_started"
+    EXCLUSIONS_ENDED = "exclusions.ended"
+    EXCLUSIONS_TRIMMED = "exclusions.trimmed"
     # PyTorch Elastic runs (b300.elastic): an agent's node lost, an agent started on a spare
     ELASTIC_MEMBER_LEFT = "elastic.member_left"
     ELASTIC_MEMBER_JOINED = "elastic.member_joined"
-    EXCLUSIONS_ENDED = "exclusions.ended"
-    EXCLUSIONS_TRIMMED = "exclusions.trimmed"
     # recovery
     # the daemon-held spare pool (b300.spares): its reservation changed; a job placed in it
     SPARES_POOL = "spares.pool"

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     nodes = _slurm("scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")).split()
     batch_host = os.environ.get("SLURMD_NODENAME", nodes[0] if nodes else "")
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     # The rendezvous store: every agent is a client of it (is_host=false).
     addr = node_addr(batch_host)
