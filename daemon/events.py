@@ -43,6 +43,9 @@ class Kind(enum.StrEnum):
     ATTEMPT_STEP_STARTED = "attempt.step_started"
     EXCLUSIONS_ENDED = "exclusions.ended"
     EXCLUSIONS_TRIMMED = "exclusions.trimmed"
+    # PyTorch Elastic runs (b300.elastic): an agent's node lost, an agent started on a spare
+    ELASTIC_MEMBER_LEFT = "elastic.member_left"
+    ELASTIC_MEMBER_JOINED = "elastic.member_joined"
     # recovery
     # the daemon-held spare pool (b300.spares): its reservation changed; a job placed in it
     SPARES_POOL = "spares.pool"
@@ -166,6 +169,10 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.ATTEMPT_STEP_RELAUNCH: frozenset({"job_id", "generation", "exclude", "outcome", "resume_from",
                                            "suspects", "checkpoints_checked", "spares_left", "cause"}),
     Kind.ATTEMPT_STEP_STARTED: frozenset({"job_id", "generation", "step_id", "nodes", "exclude"}),
+    Kind.ELASTIC_MEMBER_LEFT: frozenset({"job_id", "node", "cause", "members", "restarts_used",
+                                         "max_restarts", "then"}),
+    Kind.ELASTIC_MEMBER_JOINED: frozenset({"job_id", "node", "generation", "replaces", "members",
+                                           "spares_left"}),
     Kind.EXCLUSIONS_ENDED: frozenset({"dropped", "kept"}),
     Kind.EXCLUSIONS_TRIMMED: frozenset({"dropped", "kept", "why"}),
     Kind.SPARES_POOL: frozenset({"partition", "reservation", "wanted", "nodes", "idle", "held", "added",

@@ -87,6 +87,12 @@ class StepRelauncher:
             spec = spec_of(self._store.get_run(attempt.run_id))
         except SpecError as exc:
             return Relaunch.NOT_SPARE, str(exc)
+        if spec.elastic is not None:   # PyTorch Elastic (b300.elastic): an agent on a spare
+            from ..elastic.effects import on_dead as elastic_on_dead
+
+            outcome = elastic_on_dead(self._store, attempt, spec, node, now, folder=self.folder(attempt))
+            return {"fallback": Relaunch.NO_SPARE, "kept": Relaunch.RELAUNCHED}.get(
+                outcome, Relaunch.NOT_IN_STEP), f"elastic: {outcome}"
         if not spec.spare_nodes:
             return Relaunch.NOT_SPARE, "spare_nodes = 0"
         job_id, folder = attempt.slurm_job_id, self.folder(attempt)

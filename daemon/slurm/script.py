@@ -55,6 +55,21 @@ def render_script(
         # For b300.training.progress.ProgressWriter.from_env (``{host}``/``{rank}`` kept).
         lines.append(f"export B300_PROGRESS_FILE={shlex.quote(spec.health.progress_file)}")
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
+    if spec.elastic is not None:
+        if launch_folder is None:
+            raise ValueError("an elastic run needs the daemon's job_log_dir")
+        from ..spec import elastic_argv
+
+        # b300.elastic.host: the rendezvous store on this (the batch) host, one torchrun
+        # agent per node as its own step, an agent on each spare the daemon adds.
+        e = spec.elastic
+        argv = [sys.executable, "-m", "b300.elastic.host", "--dir", launch_folder,
+                "--nodes", str(spec.nodes), "--min-nodes", str(e.min_nodes),
+                "--max-nodes", str(e.max_nodes), "--max-restarts", str(e.max_restarts),
+                "--nproc-per-node", str(e.nproc_per_node), "--port", str(e.port),
+                "--hold", str(LAUNCHER_HOLD_S), "--", *elastic_argv(spec)]
+        lines += ["", "exec " + " ".join(shlex.quote(a) for a in argv), ""]
+        return "\n".join(lines)
     if spec.spare_nodes:
         if launch_folder is None:
             raise ValueError("a run with spare_nodes needs the daemon's job_log_dir")
@@ -138,7 +153,7 @@ def build_request(
         comment=f"b300 run={run_id} attempt={attempt} name={spec.name}",
         script=render_script(spec, run_id=run_id, attempt=attempt, resume_from=resume_from,
                              launch_folder=launch_dir(log_dir, run_id, attempt)
-                             if spec.spare_nodes and log_dir else None),
+                             if (spec.spare_nodes or spec.elastic) and log_dir else None),
         nodes=spec.nodes + spec.spare_nodes,
         gpus_per_node=spec.gpus_per_node,
         partition=spec.partition,
@@ -150,6 +165,6 @@ def build_request(
         workdir=spec.workdir,
         ntasks_per_node=spec.ntasks_per_node,
         requeue=spec.requeue,
-        no_kill=spec.spare_nodes > 0,
+        no_kill=spec.spare_nodes > 0 or spec.elastic is not None,
         reservation=reservation,
     )

@@ -10,11 +10,13 @@ from .jobspec import (
     MAX_SCRIPT_BYTES,
     SIGNAL_TARGETS,
     CheckpointPolicy,
+    ElasticPolicy,
     HealthPolicy,
     JobSpec,
     RetryPolicy,
 )
-from .text import dump_spec, load_spec_file, parse_spec, spec_of
+from .text import dump_spec, elastic_argv, load_spec_file, parse_spec, spec_of
 
 __all__ = ["CHECKPOINT_SIGNALS", "LAYOUTS", "MAX_SCRIPT_BYTES", "SIGNAL_TARGETS", "CheckpointPolicy",
-           "HealthPolicy", "JobSpec", "RetryPolicy", "dump_spec", "load_spec_file", "parse_spec", "spec_of"]
+           "ElasticPolicy", "HealthPolicy", "JobSpec", "RetryPolicy", "dump_spec", "elastic_argv",
+           "load_spec_file", "parse_spec", "spec_of"]

@@ -86,6 +86,25 @@ class HealthPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class ElasticPolicy:
+    """A PyTorch Elastic launch (``[elastic]``, docs/elastic.md): one ``torchrun`` agent per
+    node with ``--nnodes=min_nodes:max_nodes`` and a c10d rendezvous on ``port`` of the
+    job's batch host. ``on_no_spare``: with no spare left after a node loss, ``"shrink"``
+    (train on with the survivors while they are at least ``min_nodes``) or ``"resubmit"``
+    (recovery resubmits from the newest verified checkpoint)."""
+
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int = 3
+    port: int = 29400
+    nproc_per_node: int = 1
+    on_no_spare: str = "shrink"
+
+
+ON_NO_SPARE = ("shrink", "resubmit")
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
     command: str
@@ -103,6 +122,9 @@ class JobSpec:
     #: Spare nodes inside the allocation (issue 15): the job asks for nodes + spare_nodes
     #: with ``--no-kill`` and b300.launcher runs ``command`` as a step on ``nodes`` of them.
     spare_nodes: int = 0
+    #: PyTorch Elastic (issue 33): ``command`` is the training script and its arguments,
+    #: run by torchrun on every node; None for an ordinary run.
+    elastic: ElasticPolicy | None = None
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     retries: RetryPolicy = field(default_factory=RetryPolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)

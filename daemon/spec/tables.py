@@ -13,7 +13,7 @@ from pydantic import AfterValidator, Field, model_validator
 from ..grammar.duration import short_repr
 from ..grammar.types import NAME, AbsPath, Duration, Table, Text, expected, matches, one_of, problem
 from ..training.thresholds import SignalOverrides
-from .jobspec import CHECKPOINT_SIGNALS, LAYOUTS, RESERVED_ENV_PREFIXES, SIGNAL_TARGETS
+from .jobspec import CHECKPOINT_SIGNALS, LAYOUTS, ON_NO_SPARE, RESERVED_ENV_PREFIXES, SIGNAL_TARGETS
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
@@ -107,12 +107,28 @@ class HealthTable(Table):
     signals: SignalOverrides | None = None
 
 
+class ElasticTable(Table):
+    min_nodes: Annotated[int, Field(ge=1, le=100_000)]
+    max_nodes: Annotated[int, Field(ge=1, le=100_000)]
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    port: Annotated[int, Field(ge=1024, le=65535)] = 29400
+    nproc_per_node: Annotated[int, Field(ge=1, le=64)] = 1
+    on_no_spare: Annotated[str, one_of(*ON_NO_SPARE)] = "shrink"
+
+    @model_validator(mode="after")
+    def _range(self) -> ElasticTable:
+        if self.min_nodes > self.max_nodes:
+            raise problem(f"min_nodes ({self.min_nodes}) is more than max_nodes ({self.max_nodes})")
+        return self
+
+
 class SpecFile(Table):
     name: Annotated[str, matches(NAME, "a valid name (letters, digits, '.', '_', '-'; at most 64)")]
     job: JobTable
     checkpoint: CheckpointTable = Field(default_factory=CheckpointTable)
     retries: RetriesTable = Field(default_factory=RetriesTable)
     health: HealthTable = Field(default_factory=HealthTable)
+    elastic: ElasticTable | None = None
 
     @model_validator(mode="after")
     def _no_restart_not_retryable(self) -> SpecFile:

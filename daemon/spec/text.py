@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..model import Run
-from .jobspec import MAX_SCRIPT_BYTES, CheckpointPolicy, HealthPolicy, JobSpec, RetryPolicy
+from .jobspec import MAX_SCRIPT_BYTES, CheckpointPolicy, ElasticPolicy, HealthPolicy, JobSpec, RetryPolicy
 
 if TYPE_CHECKING:
     from ..training.thresholds import TrainingSpec
-    from .tables import HealthTable
+    from .tables import HealthTable, SpecFile
 
 
 def load_spec_file(path: str | Path) -> tuple[JobSpec, str]:
@@ -59,6 +59,7 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         what = "command" if job.script is None else f"script {job.script!r}"
         raise SpecError(f"{where}: [job] {what}: with spare_nodes it is what each task runs "
                         "and b300's launcher starts it with srun; remove the srun")
+    elastic = _elastic(f, command or "", where)
     return JobSpec(
         name=f.name,
         command=command or "",
@@ -73,6 +74,7 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         output=job.output,
         requeue=job.requeue,
         spare_nodes=job.spare_nodes,
+        elastic=elastic,
         environment=tuple(sorted(job.environment.items())),
         checkpoint=CheckpointPolicy(dir=ckpt.dir, layout=ckpt.layout, interval_s=ckpt.interval,
                                     signal=ckpt.signal, signal_to=ckpt.signal_to),
@@ -81,6 +83,53 @@ def parse_spec(text: str, *, where: str = "spec", base_dir: Path | None = None) 
         health=HealthPolicy(progress_file=health.progress_file, hang_timeout_s=health.hang_timeout,
                             startup_timeout_s=health.startup_timeout, training=_training_spec(health)),
     )
+
+
+def _elastic(f: SpecFile, command: str, where: str) -> ElasticPolicy | None:
+    """``[elastic]`` checked against ``[job]``: the command is the training script and its
+    arguments (torchrun runs it; one line, split as a shell would, never run by a shell)."""
+    e = f.elastic
+    if e is None:
+        return None
+    job = f.job
+    if not e.min_nodes <= job.nodes <= e.max_nodes:
+        raise SpecError(f"{where}: [job] nodes ({job.nodes}) must be within [elastic] min_nodes "
+                        f"and max_nodes ({e.min_nodes}..{e.max_nodes})")
+    if job.ntasks_per_node not in (None, 1):
+        raise SpecError(f"{where}: [job] ntasks_per_node: an elastic run has one torchrun agent per "
+                        "node; give [elastic] nproc_per_node for the workers instead")
+    words = _elastic_words(command)
+    if isinstance(words, str):
+        raise SpecError(f"{where}: [job] command: {words}")
+    return ElasticPolicy(min_nodes=e.min_nodes, max_nodes=e.max_nodes, max_restarts=e.max_restarts,
+                         port=e.port, nproc_per_node=e.nproc_per_node, on_no_spare=e.on_no_spare)
+
+
+def _elastic_words(command: str) -> list[str] | str:
+    """The words of an elastic run's command, or what is wrong with it."""
+    import shlex
+
+    if "\n" in command.strip():
+        return "with [elastic] it is one line: the training script and its arguments"
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        return f"cannot be split into words: {exc}"
+    if not words:
+        return "is empty"
+    first = words[0].rsplit("/", 1)[-1]
+    if first in ("srun", "torchrun") or words[:3] == ["python", "-m", "torch.distributed.run"]:
+        return (f"with [elastic] it is the training script and its arguments; b300 starts "
+                f"torchrun with srun (remove {first})")
+    return words
+
+
+def elastic_argv(spec: JobSpec) -> list[str]:
+    """The training script and its arguments of an elastic run (what torchrun runs)."""
+    words = _elastic_words(spec.command)
+    if isinstance(words, str):
+        raise SpecError(f"run {spec.name}: [job] command: {words}")
+    return words
 
 
 _TRAINING_KEYS = ("megatron_log", "model_params", "tokens_per_sample", "no_restart_exit_codes", "signals")
@@ -165,6 +214,11 @@ def dump_spec(spec: JobSpec) -> str:
         lines.append(f"progress_file = {_toml_str(spec.health.progress_file)}")
     if spec.health.training is not None:
         lines += _dump_training(spec.health.training)
+    if spec.elastic is not None:
+        e = spec.elastic
+        lines += ["", "[elastic]", f"min_nodes = {e.min_nodes}", f"max_nodes = {e.max_nodes}",
+                  f"max_restarts = {e.max_restarts}", f"port = {e.port}",
+                  f"nproc_per_node = {e.nproc_per_node}", f"on_no_spare = {_toml_str(e.on_no_spare)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,3 @@
+"""PyTorch Elastic runs (issue 33): torchrun agents in one Slurm job, a lost node replaced by
+a spare of the same job with no new job. :mod:`.host` runs in the job (its batch script),
+:mod:`.decide` is the daemon's pure decision, :mod:`.effects` carries it out."""
