@@ -29,6 +29,8 @@
 #                      run that release's client commands, first in PATH, and state,
 #                      spool and accounting database are the release's own.
 #   B300_SLURMD_TIMEOUT slurm.conf SlurmdTimeout (default 20)
+#   B300_EXPEDITED_REQUEUE 1: SlurmctldParameters=enable_expedited_requeue (26.05 only), for
+#                      `sbatch --requeue=expedite`
 #   B300_PREEMPT       1: partition priority preemption (PreemptType=preempt/partition_prio,
 #                      PreemptMode=CANCEL) and a partition `urgent` (PriorityTier=10) over the
 #                      same nodes, whose jobs end `batch` jobs in their way as PREEMPTED
@@ -39,7 +41,7 @@
 #                      (default: derived from B300_CLUSTER_NAME, 20..219)
 # Changing a knob changes the generated config; the next `up` restarts the daemons.
 #
-# Network-namespace mode (B300_NETNS=1, Slurm 22.05 only): node gpuNN lives in network
+# Network-namespace mode (B300_NETNS=1, any release): node gpuNN lives in network
 # namespace b300-CLUSTER-gpuNN at 10.213.k.(10+NN), linked by a veth pair into bridge
 # b3brK in the root namespace, which holds the login node's address 10.213.k.1 (slurmctld,
 # slurmdbd and the client tools stay in the root namespace). Neighbour entries are static,
@@ -78,6 +80,7 @@ DIR=${B300_CLUSTER_DIR:-/var/tmp/b300-cluster}
 SLURM_REL=${B300_SLURM:-22.05}
 SLURMD_TIMEOUT=${B300_SLURMD_TIMEOUT:-20}
 PREEMPT=${B300_PREEMPT:-0}
+EXPEDITE=${B300_EXPEDITED_REQUEUE:-0}
 NODES=${B300_NODES:-4}
 FAKE_GPUS=${B300_FAKE_GPUS:-1}
 MIN_JOB_AGE=${B300_MIN_JOB_AGE:-300}
@@ -102,11 +105,12 @@ NODES=$((10#$NODES))
 [[ $MIN_JOB_AGE =~ ^[0-9]{1,7}$ ]] || die "B300_MIN_JOB_AGE must be a number of seconds"
 [[ $SLURM_REL =~ ^(22\.05|24\.11|26\.05)$ ]] || die "B300_SLURM must be 22.05, 24.11 or 26.05 (got '$SLURM_REL')"
 [[ $PREEMPT == [01] ]] || die "B300_PREEMPT must be 0 or 1 (got '$PREEMPT')"
+[[ $EXPEDITE == [01] ]] || die "B300_EXPEDITED_REQUEUE must be 0 or 1 (got '$EXPEDITE')"
+((EXPEDITE == 0)) || [[ $SLURM_REL == 26.05 ]] || die "B300_EXPEDITED_REQUEUE=1 needs B300_SLURM=26.05 (Slurm 25.11 or later)"
 [[ $SLURMD_TIMEOUT =~ ^[0-9]{1,4}$ ]] && ((SLURMD_TIMEOUT >= 5)) || die "B300_SLURMD_TIMEOUT must be 5..9999 seconds"
 [[ $NETNS == [01] ]] || die "B300_NETNS must be 0 or 1 (got '$NETNS')"
 [[ $NETNS_NET =~ ^[0-9]{1,3}$ ]] && ((NETNS_NET >= 1 && NETNS_NET <= 254)) ||
   die "B300_NETNS_NET must be 1..254 (got '$NETNS_NET')"
-((NETNS == 0)) || [[ $SLURM_REL == 22.05 ]] || die "B300_NETNS=1 needs B300_SLURM=22.05"
 [[ $DB_HOST =~ ^[A-Za-z0-9._:-]+$ ]] || die "bad B300_DB_HOST"
 [[ $DB_PORT =~ ^[0-9]{1,5}$ ]] || die "bad B300_DB_PORT"
 [[ $DB_USER =~ ^[A-Za-z0-9._-]+$ ]] || die "bad B300_DB_USER"
@@ -334,6 +338,7 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 EOF
+  ((EXPEDITE)) && echo "SlurmctldParameters=enable_expedited_requeue"
   if ((PREEMPT)); then
     echo "PreemptType=preempt/partition_prio"
     echo "PreemptMode=CANCEL"
@@ -488,8 +493,10 @@ fail_with_log() { # message logfile...
 }
 
 run_daemon() { # start a Slurm daemon with a clean environment plus our markers
+  # RUN_IN_NS: a command prefix run before the release's chroot (nsenter into a node's
+  # network namespace: /run/netns is not inside the release root).
   # shellcheck disable=SC2086
-  env -i PATH="$SANE_PATH" HOME=/root LANG=C.UTF-8 \
+  ${RUN_IN_NS:-} env -i PATH="$SANE_PATH" HOME=/root LANG=C.UTF-8 \
     SLURM_CONF="$CONF" B300_LC_CONF="$CONF" ${ROOTFS:+chroot "$ROOTFS"} "$@" \
     </dev/null >>"$LOGDIR/daemon-start.log" 2>&1 9>&-
 }
@@ -584,15 +591,15 @@ ensure_ctld() {
 start_slurmd() { # node (validated)
   local node=$1
   [[ -z $(first_pid slurmd "$node") ]] || return 0
-  local -a netns=()
+  local netns=""
   if ((NETNS)); then # its own namespace: no other process can hold its port
-    netns=(nsenter "--net=/run/netns/$(node_ns "$node")")
+    netns="nsenter --net=/run/netns/$(node_ns "$node")"
   else
     check_port_free "$(node_port "$node")" "slurmd $node" slurmd "$node"
   fi
   mkdir -p "$SPOOL/$node"
   log "starting slurmd $node (port $(node_port "$node")${netns:+, at $(node_addr "$node") in $(node_ns "$node")})"
-  run_daemon "${netns[@]}" env B300_LC_NODE="$node" /usr/sbin/slurmd -f "$CONF" -N "$node" ||
+  RUN_IN_NS=$netns run_daemon env B300_LC_NODE="$node" /usr/sbin/slurmd -f "$CONF" -N "$node" ||
     fail_with_log "slurmd $node failed to start" "$LOGDIR/slurmd-$node.log" "$LOGDIR/daemon-start.log"
 }
 
