@@ -169,7 +169,7 @@ def one(base: Path, mode: str, timeout_s: int, n: int, conf: str) -> dict[str, A
                             'ntasks_per_node = 1\ngpus_per_node = 8\n'
                             f'[checkpoint]\ndir = "{run_dir / "ckpt"}"\nlayout = "generic"\n')
             with open(work / "b300d.log", "wb") as out:
-                daemon = subprocess.Popen([sys.executable, "-m", "b300.daemon_main", "--config", str(cfg)],
+                daemon = subprocess.Popen([sys.executable, "-m", "b300.app.main", "--config", str(cfg)],
                                           stdout=out, stderr=subprocess.STDOUT)
             wait(lambda: (state / "b300d.sock").exists(), 60, "b300d")
             ctl = [sys.executable, "-m", "b300.ctl", "--config", str(cfg), "--json"]
