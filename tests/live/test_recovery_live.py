@@ -10,11 +10,9 @@ Slurm job of the run was active at once.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +64,6 @@ class JobCounter:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
-
-
-@pytest.fixture
-def fresh_nodes(slurm_conf: str) -> Iterator[list[str]]:
-    """Nodes this test killed come back (slurmd restarted, drain lifted) afterwards."""
-    killed: list[str] = []
-    yield killed
-    for node in killed:
-        subprocess.run(["bash", str(CLUSTER), "restart-node", node], capture_output=True,
-                       timeout=120, check=False)
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                       capture_output=True, timeout=30, check=False,
-                       env={"SLURM_CONF": slurm_conf, "PATH": os.environ["PATH"]})
 
 
 def _kill_node(node: str, killed: list[str]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,8 @@ from helpers import CLUSTER, make_daemon, slurm_cmd, wait_for, write_spec
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture
-def downed(slurm_conf: str) -> Iterator[list[str]]:
-    nodes: list[str] = []
-    yield nodes
-    for node in nodes:
-        subprocess.run(["bash", str(CLUSTER), "restart-node", node], capture_output=True,
-                       timeout=120, check=False)
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                       capture_output=True, timeout=30, check=False,
-                       env={"SLURM_CONF": slurm_conf, "PATH": "/usr/bin:/bin"})
-
-
 def test_a_requeue_recorded_before_a_crash_is_drained_and_excluded_once(
-        tmp_path: Path, slurm_conf: str, downed: list[str]) -> None:
+        tmp_path: Path, slurm_conf: str, fresh_nodes: list[str]) -> None:
     d = make_daemon(tmp_path, slurm_conf)
     d.start({"B300_CRASH_AT": "requeue_recorded"})
     try:
@@ -45,7 +32,7 @@ def test_a_requeue_recorded_before_a_crash_is_drained_and_excluded_once(
         first = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]
         wait_for(lambda: len(d.run(run_id)["attempts"][0]["nodes"]) == 2, 60, "the job's nodes")
         victim = d.run(run_id)["attempts"][0]["nodes"][1]
-        downed.append(victim)
+        fresh_nodes.append(victim)
         # The node crashes (slurmd and the job's processes killed) and is marked DOWN at once
         # (as a site's health check or the daemon's liveness would): Slurm requeues the job.
         subprocess.run(["bash", str(CLUSTER), "kill-node", victim], check=True, timeout=60,
