@@ -39,7 +39,7 @@ log "main run on $(sinfo -V)"
 "$PY" -m ruff check daemon plugins sql tests
 PYTHON=$PY bash deploy/typecheck.sh   # b300, b300.plugins, b300.sql as imported
 mkdir -p artifacts
-"$PY" -m pytest -p no:cacheprovider "$@"
+"$PY" -m pytest -p no:cacheprovider --durations=40 "$@"
 
 # Every release runs even when an earlier one failed (one CI log shows them all); the
 # script fails at the end if any did. The cluster knobs (B300_CLUSTER_DIR, _NAME,

@@ -136,8 +136,9 @@ def test_kill_9_mid_triage_finishes_after_restart(daemon: DaemonHandle, slurm_co
     daemon.start()
     t0 = time.monotonic()
     slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu01", "State=DRAIN", f"Reason={DEAD}")
-    wait_for(lambda: "RUNNING" in slurm_cmd(slurm_conf, "squeue", "-h", "--name=b300-triage-gpu01", "-o", "%T"),
-             60, "the triage job to run")
+    first = wait_for(lambda: [ln.split()[0] for ln in slurm_cmd(
+        slurm_conf, "squeue", "-h", "--name=b300-triage-gpu01", "-o", "%i %T").splitlines()
+        if ln.endswith(" RUNNING")], 60, "the triage job to run")
     daemon.kill(signal.SIGKILL)
     (tmp_path / "gate").touch()
     daemon.start()
@@ -145,9 +146,13 @@ def test_kill_9_mid_triage_finishes_after_restart(daemon: DaemonHandle, slurm_co
     assert (v["verdict"], v["resumed"]) == ("pass", True), json.dumps(v)
     assert "DRAIN" not in node(slurm_conf, "gpu01")["State"]
     assert "b300-triage-gpu01" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
-    jobs = slurm_cmd(slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu01", "-S", since,
-                     "-o", "JobID").split()
-    assert len(jobs) == 1, jobs   # the restarted daemon adopted the job, did not start another
+    # The restarted daemon adopted the job and did not start another. Accounting records
+    # a job a moment after the controller ends it: wait for sacct to know the first one.
+    jobs = wait_for(lambda: (lambda ids: ids if first[0] in ids else None)(slurm_cmd(
+        slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu01", "-S", since, "-o", "JobID").split()),
+        60, f"sacct to know triage job {first[0]}")
+    assert jobs == first, jobs
+    assert slurm_cmd(slurm_conf, "squeue", "-h", "--name=b300-triage-gpu01", "-o", "%i").strip() == ""
     print(f"triage: drain -> returned across a kill -9 in {time.monotonic() - t0:.1f} s")
 
 
