@@ -37,7 +37,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -57,6 +56,7 @@ from benchlib import (  # noqa: E402
     slurm_has_down,
     slurmd_timeout,
     wait,
+    work_dir,
 )
 
 NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
@@ -284,11 +284,7 @@ def main() -> int:
     ssh_base = int(os.environ.get("B300_SSHD_PORT_BASE", "22201")) + 80
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with contextlib.ExitStack() as stack:
-        if args.keep:
-            base = Path(args.keep)
-            base.mkdir(parents=True)
-        else:
-            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="b300-bench-drill-")))
+        base = work_dir(stack, args.keep, "b300-bench-drill-")
         key = dn.client_key(base)
         auth = base / "authorized_keys"
         auth.write_text(Path(f"{key}.pub").read_text())

@@ -44,10 +44,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib import sh, wait, work_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "deploy" / "localcluster.sh"
@@ -56,20 +57,6 @@ MODES = ("daemon", "expedite", "requeue")
 FIGURES = ("excluded_s", "resubmit_s", "training_s")
 COLLECTIVE_TIMEOUT = {"daemon": 15, "expedite": 15, "requeue": 600}
 GIVE_UP_S = 900.0
-
-
-def sh(*argv: str, timeout: float = 60, check: bool = True) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=check).stdout
-
-
-def wait(pred: Any, timeout: float, what: str, every: float = 0.25) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def slurm_config() -> dict[str, str]:
@@ -276,11 +263,7 @@ def main() -> int:
         return 2
     results: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        if args.keep:
-            base = Path(args.keep)
-            base.mkdir(parents=True)
-        else:
-            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="b300-bench-sbs-")))
+        base = work_dir(stack, args.keep, "b300-bench-sbs-")
         base.chmod(0o755)
         for t in timeouts:
             cluster_up(t)

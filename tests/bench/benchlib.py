@@ -7,9 +7,11 @@ cluster's commands (``deploy/localcluster.sh``, ``sinfo``, ``scontrol``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -157,3 +159,12 @@ def history(run_dir: Path) -> list[dict[str, Any]]:
 def queue_empty(timeout: float = 120) -> None:
     """Wait (bounded) until no job is left in the queue (pending, running or completing)."""
     wait(lambda: not sh("squeue", "-h", "-o", "%i", check=False).strip(), timeout, "an empty queue", 0.5)
+
+
+def work_dir(stack: contextlib.ExitStack, keep: str | None, prefix: str) -> Path:
+    """``--keep DIR`` (made new, kept afterwards), else a temporary folder ``stack`` removes."""
+    if keep:
+        base = Path(keep)
+        base.mkdir(parents=True)
+        return base
+    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
