@@ -7,8 +7,10 @@ to the Slurm cluster that ``deploy/localcluster.sh`` brings up on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -16,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,50 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "deploy" / "localcluster.sh"
 
+
+
+class SideCluster:
+    """A namespace-mode local cluster of one test module's own (its own dir, name, ports and
+    network), so the module can power nodes off without touching the main test cluster.
+
+    ``B300_<KEY>_TEST_DIR``, ``_NAME``, ``_PORT_BASE`` and ``_NET`` override the defaults
+    (helper runs and CI runs on one machine keep out of each other's way)."""
+
+    def __init__(self, key: str, name: str, port_base: int, directory: str) -> None:
+        def knob(what: str, default: str) -> str:
+            return os.environ.get(f"B300_{key}_TEST_{what}", default)
+
+        self.env = {
+            "B300_CLUSTER_DIR": knob("DIR", directory),
+            "B300_CLUSTER_NAME": knob("NAME", name),
+            "B300_PORT_BASE": knob("PORT_BASE", str(port_base)),
+            "B300_NETNS": "1", "B300_NODES": "4", "B300_SLURMD_TIMEOUT": "300",
+        }
+        if os.environ.get(f"B300_{key}_TEST_NET"):
+            self.env["B300_NETNS_NET"] = os.environ[f"B300_{key}_TEST_NET"]
+
+    def lc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``localcluster.sh ARGS`` for this cluster (not the main one's SLURM_CONF)."""
+        env = {**os.environ, **self.env}
+        env.pop("SLURM_CONF", None)
+        return subprocess.run(["bash", str(CLUSTER), *args], env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def must(self, *args: str, timeout: float = 300) -> str:
+        proc = self.lc(*args, timeout=timeout)
+        assert proc.returncode == 0, f"localcluster.sh {args}: {proc.stdout}\n{proc.stderr}"
+        return proc.stdout + proc.stderr
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[str]:
+        """Bring the cluster up, yield its SLURM_CONF, take it down afterwards."""
+        out = self.must("up")
+        found = re.search(r"export SLURM_CONF=(\S+)", out)
+        assert found, out
+        try:
+            yield found.group(1)
+        finally:
+            self.lc("down")
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.25,
              *, ignoring: tuple[type[BaseException], ...] = ()) -> Any:

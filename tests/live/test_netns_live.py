@@ -25,33 +25,16 @@ from typing import Any
 import pytest
 
 from b300.plugins.layouts import GenericLayout
-from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, wait_for
+from helpers import CLUSTER, DaemonHandle, SideCluster, cancel_test_jobs, make_daemon, wait_for
 
 pytestmark = pytest.mark.slurm
 LIGHT = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "light_train.py"
 # 10 minutes of an impaired link under B300_LONG_TESTS=1, a minute otherwise.
 IMPAIRED_S = 600 if os.environ.get("B300_LONG_TESTS") == "1" else 60
-_ENV = {
-    "B300_CLUSTER_DIR": os.environ.get("B300_NETNS_TEST_DIR", "/var/tmp/b300-netns-test"),
-    "B300_CLUSTER_NAME": os.environ.get("B300_NETNS_TEST_NAME", "b300nstest"),
-    "B300_PORT_BASE": os.environ.get("B300_NETNS_TEST_PORT_BASE", "17300"),
-    "B300_NETNS": "1",
-    "B300_NODES": "4",
-    "B300_SLURMD_TIMEOUT": "300",
-}
-
-
-def _lc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **_ENV}
-    env.pop("SLURM_CONF", None)
-    return subprocess.run(["bash", str(CLUSTER), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def _must(*args: str) -> str:
-    proc = _lc(*args)
-    assert proc.returncode == 0, f"localcluster.sh {args}: {proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
+_SIDE = SideCluster("NETNS", "b300nstest", 17300, "/var/tmp/b300-netns-test")
+_ENV = _SIDE.env
+_lc = _SIDE.lc
+_must = _SIDE.must
 
 
 def _slurm(conf: str, *argv: str, timeout: float = 60) -> str:
@@ -62,13 +45,8 @@ def _slurm(conf: str, *argv: str, timeout: float = 60) -> str:
 @pytest.fixture(scope="module")
 def netns_conf() -> Iterator[str]:
     """The netns cluster's SLURM_CONF (brought up here, down at the end of the module)."""
-    out = _must("up")
-    conf = re.search(r"export SLURM_CONF=(\S+)", out)
-    assert conf, out
-    try:
-        yield conf.group(1)
-    finally:
-        _lc("down")
+    with _SIDE.running() as conf:
+        yield conf
 
 
 def _addresses(conf: str) -> dict[str, str]:
