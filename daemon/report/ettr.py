@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from ..checkpoints.cadence import YoungDaly
 from ..events import Kind
 from ..model import Attempt, Event, Run
+from ..payloads import AttemptProgress
 
 CAUSES = ("GPU", "network", "node down", "hang", "preemption", "job error", "checkpoint signal",
           "other infrastructure")
@@ -142,18 +143,18 @@ def _progress_of(events: Sequence[Event], attempt_id: int) -> tuple[list[tuple[d
     for e in events:
         if e.kind != Kind.ATTEMPT_PROGRESS or e.attempt_id != attempt_id:
             continue
-        step = e.data.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
+        p = AttemptProgress.of(e)
+        step = p.step
+        if step is None:
             continue
-        at = e.data.get("at")
         ts = e.ts
-        if isinstance(at, int | float) and not isinstance(at, bool):
+        if p.at is not None:
             try:
-                ts = datetime.fromtimestamp(float(at), e.ts.tzinfo)
+                ts = datetime.fromtimestamp(p.at, e.ts.tzinfo)
             except (OverflowError, OSError, ValueError):
                 ts = e.ts
         points.append((ts, step))
-        if e.data.get("last") is True:
+        if p.last:
             last = (ts, step)
     points.sort()
     return points, last
