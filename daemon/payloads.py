@@ -40,8 +40,23 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _id(value: object) -> int | None:
+    """An id, also as the digits an older writer stored it as."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return _int(value)
+
+
 def _true(value: object) -> bool:
     return value is True
+
+
+def _truthy(value: object) -> bool:
+    return bool(value)
 
 
 def _names(value: object) -> tuple[str, ...]:
@@ -145,3 +160,53 @@ class TriageVerdict(Payload):
     failed_check: str | None = _key(_opt_text, None)
     job_id: int | None = _key(_int, None)
     why: str = _key(_text, "")
+
+
+@dataclass(frozen=True, slots=True)
+class SparesPool(Payload):
+    """``spares.pool``: what one spare pool (a reservation) holds after a change."""
+
+    KIND: ClassVar[Kind] = Kind.SPARES_POOL
+    partition: str | None = _key(_opt_text, None)
+    reservation: str | None = _key(_opt_text, None)
+    nodes: tuple[str, ...] = _key(_names, ())
+    idle: tuple[str, ...] = _key(_names, ())
+    retired: bool = _key(_truthy, False)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingExitIntent(Payload):
+    """``training.exit_intent``: what the job said before it ended (restart it or not, and why)."""
+
+    KIND: ClassVar[Kind] = Kind.TRAINING_EXIT_INTENT
+    restart: bool = _key(_truthy, False)
+    why: str = _key(_text, "")
+    step: int | None = _key(_int, None)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSignal(Payload):
+    """``checkpoint.signal``: b300d sent the job its checkpoint signal, with this grace."""
+
+    KIND: ClassVar[Kind] = Kind.CHECKPOINT_SIGNAL
+    signal: str = _key(_text, "?")
+    grace_s: float = _key(_seconds, 0.0)
+    job_id: int | None = _key(_int, None)
+
+
+@dataclass(frozen=True, slots=True)
+class DrillFinished(Payload):
+    """``drill.finished``: a failure drill's figures (seconds from the injection to each stage)."""
+
+    KIND: ClassVar[Kind] = Kind.DRILL_FINISHED
+    drill: int | None = _key(_id, None)
+    node: str = _key(_text, "")
+    method: str = _key(_text, "")
+    outcome: str = _key(_text, "")
+    detect_s: float | None = _key(_number, None)
+    excluded_s: float | None = _key(_number, None)
+    resubmit_s: float | None = _key(_number, None)
+    allocation_s: float | None = _key(_number, None)
+    training_s: float | None = _key(_number, None)
+    resume_step: int | None = _key(_int, None)
+    steps_lost: int | None = _key(_int, None)

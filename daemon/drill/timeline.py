@@ -30,7 +30,7 @@ from typing import Any
 
 from ..events import Kind
 from ..model import Attempt, AttemptState, Event, Run, RunState
-from ..payloads import AttemptStateChange, NodeState
+from ..payloads import AttemptStateChange, DrillFinished, NodeState
 
 METHODS = ("down", "crash")
 MAX_TIMEOUT_S = 3600.0
@@ -207,7 +207,7 @@ def trained_again(step: str, resume_step: int | None) -> int | None:
 
 def open_drills(events: Sequence[Event]) -> list[DrillStart]:
     """The drills started among ``events`` that have no ``drill.finished`` yet."""
-    finished = {_int(e.data.get("drill")) for e in events if e.kind == Kind.DRILL_FINISHED}
+    finished = {DrillFinished.of(e).drill for e in events if e.kind == Kind.DRILL_FINISHED}
     return [DrillStart.of(e) for e in events if e.kind == Kind.DRILL_STARTED and e.id not in finished]
 
 

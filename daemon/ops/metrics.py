@@ -38,7 +38,7 @@ from ..errors import B300Error
 from ..events import TRAINING_FINDINGS, Kind
 from ..interfaces import Store
 from ..model import Run, RunState
-from ..payloads import TriageVerdict
+from ..payloads import SparesPool, TriageVerdict
 from ..report.compute import RunInput, checkpoint_figures
 from ..spares.pool import latest_pools
 from ..spec import JobSpec, parse_spec
@@ -277,7 +277,7 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
             if kind in finding_kinds:
                 key = (run_id or "", kind.removeprefix("training."))
                 findings[key] = findings.get(key, 0) + n
-        pools = {str(e.data.get("partition")): len(e.data.get("idle") or [])
+        pools = {str((p := SparesPool.of(e)).partition): len(p.idle)
                  for e in latest_pools(store.events(kinds=[Kind.SPARES_POOL]))}
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         verdict_events = store.events(kinds=[Kind.TRIAGE_VERDICT])

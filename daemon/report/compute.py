@@ -13,6 +13,7 @@ from datetime import datetime
 
 from ..events import DRAINS, RETURNS, Kind
 from ..model import Event
+from ..payloads import DrillFinished
 from ..training.stats import median
 from ..triage.figures import TriageFigures
 from .ettr import (
@@ -105,26 +106,16 @@ class DrillRow:
     steps_lost: int | None
 
 
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _step(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def drill_rows(events: Sequence[Event], window: Window) -> tuple[DrillRow, ...]:
     """The drills that finished in ``window``, oldest first."""
     rows = []
     for e in events:
         if e.kind != Kind.DRILL_FINISHED or not window.contains(e.ts):
             continue
-        d = e.data
-        rows.append(DrillRow(e.ts, e.run_id or "?", str(d.get("node") or e.node or "?"),
-                             str(d.get("method", "")), str(d.get("outcome", "")),
-                             _num(d.get("detect_s")), _num(d.get("excluded_s")),
-                             _num(d.get("resubmit_s")), _num(d.get("allocation_s")), _num(d.get("training_s")),
-                             _step(d.get("resume_step")), _step(d.get("steps_lost"))))
+        d = DrillFinished.of(e)
+        rows.append(DrillRow(e.ts, e.run_id or "?", d.node or e.node or "?", d.method, d.outcome,
+                             d.detect_s, d.excluded_s, d.resubmit_s, d.allocation_s, d.training_s,
+                             d.resume_step, d.steps_lost))
     return tuple(sorted(rows, key=lambda r: r.ts))
 
 

@@ -15,7 +15,8 @@ from b300.model import Event
 
 TYPES: list[type[payloads.Payload]] = [
     payloads.NodeState, payloads.AttemptStateChange, payloads.AttemptRequeued, payloads.AttemptProgress,
-    payloads.StepRelaunch, payloads.TriageVerdict,
+    payloads.StepRelaunch, payloads.TriageVerdict, payloads.SparesPool, payloads.TrainingExitIntent,
+    payloads.CheckpointSignal, payloads.DrillFinished,
 ]
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -55,6 +56,13 @@ def test_what_a_writer_wrote_is_what_a_reader_reads() -> None:
     p = payloads.AttemptProgress.of(_event(Kind.ATTEMPT_PROGRESS,
                                            {"step": 1200, "at": 1764547200, "last": True}))
     assert (p.step, p.at, p.last) == (1200, 1764547200.0, True)
+
+
+def test_a_drill_id_stored_as_digits_still_names_the_drill() -> None:
+    assert payloads.DrillFinished.of(_event(Kind.DRILL_FINISHED, {"drill": "17"})).drill == 17
+    assert payloads.DrillFinished.of(_event(Kind.DRILL_FINISHED, {"drill": True})).drill is None
+    sig = payloads.CheckpointSignal.of(_event(Kind.CHECKPOINT_SIGNAL, {"signal": "USR1", "grace_s": 120}))
+    assert (sig.signal, sig.grace_s) == ("USR1", 120.0)
 
 
 def test_asking_for_another_kind_is_refused() -> None:
