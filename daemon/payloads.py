@@ -163,6 +163,28 @@ class TriageVerdict(Payload):
 
 
 @dataclass(frozen=True, slots=True)
+class TriageStarted(Payload):
+    """``triage.started``: a node's triage began (or moved on: ``step``), with the checks it runs."""
+
+    KIND: ClassVar[Kind] = Kind.TRIAGE_STARTED
+    cause: str | None = _key(_opt_text, None)
+    reason: str = _key(_text, "")
+    checks: tuple[str, ...] = _key(_names, ())
+    job_id: int | None = _key(_int, None)
+    step: str = _key(_text, "")
+
+
+@dataclass(frozen=True, slots=True)
+class TriageOverride(Payload):
+    """``triage.override``: an admin said the node may return, or asked for its triage."""
+
+    KIND: ClassVar[Kind] = Kind.TRIAGE_OVERRIDE
+    returnable: bool = _key(_truthy, False)
+    triage: bool = _key(_truthy, False)
+    by: str = _key(_text, "")
+
+
+@dataclass(frozen=True, slots=True)
 class SparesPool(Payload):
     """``spares.pool``: what one spare pool (a reservation) holds after a change."""
 
