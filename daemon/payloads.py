@@ -148,6 +148,19 @@ class StepRelaunch(Payload):
     exclude: tuple[str, ...] = _key(_names, ())
     outcome: str = _key(_text, "")
     cause: str = _key(_text, "")
+    spares_left: int | None = _key(_int, None)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStarted(Payload):
+    """``attempt.step_started``: the launcher started the relaunched step (``generation``)."""
+
+    KIND: ClassVar[Kind] = Kind.ATTEMPT_STEP_STARTED
+    job_id: int | None = _key(_int, None)
+    generation: int | None = _key(_int, None)
+    step_id: str = _key(_text, "")
+    nodes: tuple[str, ...] = _key(_names, ())
+    exclude: tuple[str, ...] = _key(_names, ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from ..events import Kind
 from ..interfaces import NewEvent, Store
 from ..launcher import launch as lf
 from ..model import Attempt, AttemptState, Event
-from ..payloads import StepRelaunch
+from ..payloads import StepRelaunch, StepStarted
 from ..plugin_registry import PluginRegistry
 from ..safety.faults import crashpoint
 from ..slurm.parse import expand_nodes
@@ -228,7 +228,7 @@ class StepRelauncher:
                     kinds=[Kind.ATTEMPT_STEP_RELAUNCH, Kind.ATTEMPT_STEP_STARTED],
                     since=min(a.created_at for a in running))
                 if e.attempt_id in ids]
-        started = {(e.attempt_id, int(e.data.get("generation", -1)))
+        started = {(e.attempt_id, -1 if (g := StepStarted.of(e).generation) is None else g)
                    for e in mine if e.kind == Kind.ATTEMPT_STEP_STARTED}
         for attempt in running:
             assert attempt.slurm_job_id is not None
@@ -245,13 +245,13 @@ class StepRelauncher:
             if (status is None or status.state != "running" or status.generation < 1
                     or (attempt.id, status.generation) in started):
                 continue
-            intent = next((e for e in intents if int(e.data.get("generation", 0)) == status.generation),
+            intent = next((p for e in intents if (p := StepRelaunch.of(e)).generation == status.generation),
                           None)
             self._store.append_events([NewEvent(
                 Kind.ATTEMPT_STEP_STARTED, run_id=attempt.run_id, attempt_id=attempt.id,
                 data={"job_id": attempt.slurm_job_id, "generation": status.generation,
                       "step_id": status.step_id, "nodes": list(_expand(status.nodes)),
-                      "exclude": list(intent.data.get("exclude", ())) if intent else []})], now)
+                      "exclude": list(intent.exclude) if intent else []})], now)
             log.info("relaunch.step_started", generation=status.generation, step=status.step_id,
                      nodes=status.nodes)
 

@@ -28,7 +28,7 @@ from datetime import datetime
 
 from ..events import Kind
 from ..model import Attempt, Event
-from ..payloads import SparesPool
+from ..payloads import SparesPool, StepRelaunch
 from ..spares.pool import pooled_reservation
 from ..training.stats import median
 
@@ -93,8 +93,8 @@ def _in_allocation_gpu_s(run: SpareRun, relaunch: dict[int, list[Event]], since:
         spares, at = run.spare_nodes, a.start
         for e in relaunch.get(a.id, []):
             total += spares * _overlap(since, until, at, min(e.ts, stop))
-            left = e.data.get("spares_left")
-            spares, at = (left if isinstance(left, int) and left >= 0 else max(0, spares - 1)), e.ts
+            left = StepRelaunch.of(e).spares_left
+            spares, at = (left if left is not None and left >= 0 else max(0, spares - 1)), e.ts
         total += spares * _overlap(since, until, at, stop)
     return total * run.gpus_per_node
 

@@ -15,7 +15,8 @@ from b300.model import Event
 
 TYPES: list[type[payloads.Payload]] = [
     payloads.NodeState, payloads.AttemptStateChange, payloads.AttemptRequeued, payloads.AttemptProgress,
-    payloads.StepRelaunch, payloads.TriageVerdict, payloads.SparesPool, payloads.TrainingExitIntent,
+    payloads.StepRelaunch, payloads.StepStarted, payloads.TriageVerdict, payloads.SparesPool,
+    payloads.TrainingExitIntent,
     payloads.CheckpointSignal, payloads.DrillFinished, payloads.TriageStarted, payloads.TriageOverride,
 ]
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
