@@ -189,17 +189,10 @@ class Daemon:
             raise
         cfg = p.config
         sched = p.scheduler
-        timed.every(sched, "poll", p.cycles.run, cfg.poll_interval_s, first=datetime.now(UTC))
-        if p.drift is not None:
-            p.drift.schedule(sched)
-        if p.node_loss is not None:
-            timed.every(sched, "liveness", p.node_loss.round, cfg.liveness.interval_s)
-        timed.every(sched, "checkpoints", p.checkpoint_pass.run_once, cfg.checkpoints.check_interval_s)
-        timed.every(sched, "checkpoint-upkeep", p.checkpoint_upkeep.run_once,
-                    cfg.checkpoints.maintain_interval_s)
         sched.add_listener(p.cycles.still_running, EVENT_JOB_MAX_INSTANCES)
         sched.start()
         p.operations.start(sched, sd_notify)
+        timed.start(sched, self.timed_jobs())
         p.on_start()
         if p.drills is not None:
             p.drills.attach(sched)
@@ -219,6 +212,21 @@ class Daemon:
         if p.node_loss is not None:
             p.node_loss.close()
         return self._shut_down()
+
+    def timed_jobs(self) -> dict[str, timed.Job]:
+        """Every row of the schedule placed when the daemon becomes active (None: its
+        feature is off), from the config it started with; :func:`b300.scheduling.table.start`
+        places them in one go and refuses a row left out."""
+        p, cfg = self.parts, self.parts.config
+        return {
+            "poll": timed.Every(p.cycles.run, cfg.poll_interval_s, first=datetime.now(UTC)),
+            "liveness": (None if p.node_loss is None
+                         else timed.Every(p.node_loss.round, cfg.liveness.interval_s)),
+            "checkpoints": timed.Every(p.checkpoint_pass.run_once, cfg.checkpoints.check_interval_s),
+            "checkpoint-upkeep": timed.Every(p.checkpoint_upkeep.run_once, cfg.checkpoints.maintain_interval_s),
+            "drift": None if p.drift is None else p.drift.timed_job(),
+            **p.operations.timed_jobs(),
+        }
 
     def stop(self) -> None:
         self.parts.lifetime.stop()

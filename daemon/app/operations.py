@@ -23,7 +23,7 @@ from ..interfaces import Store
 from ..ops.alerts import AlertScanner
 from ..ops.health import CycleHealth, Watchdog, watchdog_interval_s
 from ..ops.metrics import MetricsServer, MetricsSnapshot, collect_metrics
-from ..report.weekly import schedule_report
+from ..report.weekly import report_jobs
 from ..scheduling import table as timed
 
 if TYPE_CHECKING:
@@ -67,16 +67,19 @@ class Operations:
         stuck_after = max(300.0, 10 * cfg.slurm_timeout_s, 3 * cfg.poll_interval_s)
         return self._running() and not self._health.stuck(stuck_after)
 
+    def timed_jobs(self) -> dict[str, timed.Job]:
+        """The weekly report's and the alert scanner's rows of the schedule (current config)."""
+        return {**self._report_jobs(), **self._alerts_job()}
+
     def start(self, scheduler: BaseScheduler, notify: Callable[[str], bool]) -> None:
+        """Before the daemon places its schedule: the alert scanner's starting point, the
+        metrics server, the watchdog."""
         self._scheduler = scheduler
         cfg = self._config()
-        schedule_report(scheduler, self._store, lambda: self._config().report, self._clock,
-                        fence=self._fence)
         try:
             self.alerts.prime()
         except B300Error as exc:
             log.error("alerts.not_primed", error=str(exc))
-        self._schedule_alerts()
         if cfg.metrics.enabled:
             try:
                 self.metrics = MetricsServer(cfg.metrics.host, cfg.metrics.port, self.snapshot)
@@ -94,11 +97,12 @@ class Operations:
 
     def reconfigure(self, old: Config, new: Config) -> None:
         """A config reload: reschedule what depends on [report] and [alerts]."""
-        if old.report != new.report and self._scheduler is not None:
-            schedule_report(self._scheduler, self._store, lambda: self._config().report, self._clock,
-                            fence=self._fence)
+        if self._scheduler is None:
+            return
+        if old.report != new.report:
+            timed.place(self._scheduler, self._report_jobs())
         if old.alerts.scan_interval_s != new.alerts.scan_interval_s:
-            self._schedule_alerts()
+            timed.place(self._scheduler, self._alerts_job())
 
     def snapshot(self) -> MetricsSnapshot:
         acc = self._accounting()
@@ -114,10 +118,11 @@ class Operations:
             return
         log.debug("alerts.scanned", sent=sent)  # the tests wait for scans by this line
 
-    def _schedule_alerts(self) -> None:
-        if self._scheduler is None:
-            return
-        timed.every(self._scheduler, "alerts", self.scan_alerts, self._config().alerts.scan_interval_s)
+    def _report_jobs(self) -> dict[str, timed.Job]:
+        return report_jobs(self._store, lambda: self._config().report, self._clock, fence=self._fence)
+
+    def _alerts_job(self) -> dict[str, timed.Job]:
+        return {"alerts": timed.Every(self.scan_alerts, self._config().alerts.scan_interval_s)}
 
     def stop(self) -> None:
         if self.metrics is not None:

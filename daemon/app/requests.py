@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import UsageError
+from ..grammar.types import error_text
 from ..model import is_node_name
 
 Text = Annotated[str, Field(max_length=1 << 20)]
@@ -147,8 +148,5 @@ def parse_request(raw: dict[str, Any]) -> _Request:
         raise UsageError(f"unknown request {op!r}")
     try:
         return model.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        raise UsageError(f"{op}: {where}: {msg}") from None
+    except ValidationError as exc:  # the same one line as a bad config key
+        raise UsageError(f"{op}: {error_text(exc, model)}") from None

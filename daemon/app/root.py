@@ -42,6 +42,7 @@ from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
 from ..run_actions import RunActions
 from ..safety.mode import ACT, ActionPolicy, Withheld
+from ..scheduling import table as timed
 from ..spares.pools import SparePools, pool_user
 from ..spec import spec_of
 from ..training.health_step import TrainingWatch
@@ -180,7 +181,7 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
         if "log_level" in change.applied or "log_format" in change.applied:
             configure_logging(new.log_format, new.log_level)
         if "poll_interval_s" in change.applied:
-            scheduler.reschedule_job("poll", trigger="interval", seconds=new.poll_interval_s)
+            timed.place(scheduler, {"poll": timed.Every(cycles.run, new.poll_interval_s)})
         if "admin_group" in change.applied:
             for set_group in server_group:
                 set_group(new.admin_group)

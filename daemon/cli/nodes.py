@@ -83,6 +83,7 @@ def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 def _node_show(ctx: Context, node: str) -> dict[str, Any]:
     """One node's history: drains (with their cause), triages (checks, verdict), returns."""
     from ..events import NODE_HISTORY, TRIAGE, Kind
+    from ..payloads import TriageVerdict
     from ..triage.decide import cause_of
 
     store = ctx.open_store()
@@ -107,7 +108,7 @@ def _node_show(ctx: Context, node: str) -> dict[str, Any]:
     return {"node": node, "state": now.state if now else None, "reason": now.reason if now else None,
             "drains": sum(1 for h in history if "cause" in h),
             "returns": sum(1 for e in events if _returned(e)),
-            "lemon": bool(verdicts) and verdicts[-1].data.get("verdict") == "lemon",
+            "lemon": bool(verdicts) and TriageVerdict.of(verdicts[-1]).verdict == "lemon",
             "last_verdict": verdicts[-1].data if verdicts else None, "history": history}
 
 

@@ -31,6 +31,7 @@ from ..errors import SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, Event, NodeRecord
+from ..payloads import AttemptRequeued
 from ..recovery.classify import node_is_bad
 from ..recovery.exclusions import Exclusion
 from ..run_actions import RunActions
@@ -72,12 +73,13 @@ def requeue_todo(requeue: Event, attempt: Attempt | None, *, struck: Collection[
     a moment before its node shows DOWN)."""
     aid = requeue.attempt_id or 0
     settling = (now - requeue.ts).total_seconds() <= settle_s
-    nodes = [str(n) for n in requeue.data.get("nodes") or ()]
+    requeued = AttemptRequeued.of(requeue)
+    nodes = list(requeued.nodes)
     strike = tuple(n for n in nodes if settling and n not in struck and node_is_bad(nodes_now.get(n)))
     suspects = [*struck, *strike]
     drain = tuple(n for n in suspects if n not in drained and not drained_by_us(nodes_now.get(n)))
     exclude = (bool(suspects) and attempt is not None and attempt.state is AttemptState.PENDING
-               and attempt.slurm_job_id == requeue.data.get("job_id")
+               and attempt.slurm_job_id == requeued.job_id
                and not any(i > requeue.id for i in excluded_after))
     return RequeueTodo(requeue.id, aid, strike, drain, exclude, settling)
 
@@ -122,7 +124,7 @@ class RequeueReconciler:
                     self._done_through = req.id
                 continue
             all_done = False
-            with structlog.contextvars.bound_contextvars(run=req.run_id, job_id=req.data.get("job_id")):
+            with structlog.contextvars.bound_contextvars(run=req.run_id, job_id=AttemptRequeued.of(req).job_id):
                 try:
                     taken += self._carry_out(req, attempt, todo, sorted({*struck, *todo.strike}), nodes_now)
                 except SlurmError as exc:
@@ -134,7 +136,7 @@ class RequeueReconciler:
     def _carry_out(self, req: Event, attempt: Attempt | None, todo: RequeueTodo, suspects: list[str],
                    nodes_now: Mapping[str, NodeRecord]) -> int:
         taken = 0
-        job_id = req.data.get("job_id")
+        job_id = AttemptRequeued.of(req).job_id
         number = attempt.number if attempt is not None else "?"
         if todo.strike:
             log.warning("requeue.late_suspects", nodes=list(todo.strike))

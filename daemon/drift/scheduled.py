@@ -65,12 +65,12 @@ class DriftWatch:
         log.info("drift.scan", by="schedule", nodes=len(result.reports), findings=len(result.findings),
                  drained=list(result.drained), resumed=list(result.resumed), wall_s=round(result.wall_s, 2))
 
-    def schedule(self, scheduler: Any) -> None:
-        """Add the periodic scan to the daemon's APScheduler (first one at once)."""
+    def timed_job(self) -> timed.Job:
+        """The periodic scan's row of the schedule (first one at once); None without ``interval``."""
         interval = self.scanner.config.interval_s
         if interval is None:
-            return
-        timed.every(scheduler, "drift", self.scheduled, interval, first=self._clock())
+            return None
+        return timed.Every(self.scheduled, interval, first=self._clock())
 
 
 def make_drift_watch(config: DriftConfig | None, store: Store, slurm: SlurmClient, lock: threading.Lock,

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..events import Kind
 from ..model import Attempt, AttemptState, Event, Run, RunState
+from ..payloads import AttemptStateChange, DrillFinished, NodeState
 
 METHODS = ("down", "crash")
 MAX_TIMEOUT_S = 3600.0
@@ -168,15 +169,15 @@ def drill_figures(start: DrillStart, events: Sequence[Event], attempts: Sequence
     detect = first(lambda e: (e.kind == Kind.LIVENESS_DEAD and e.node == node)
                    or (e.kind == Kind.ATTEMPT_NODE_LOST and e.attempt_id == start.attempt_id)
                    or (e.kind == Kind.NODE_STATE and e.node == node
-                       and not node_healthy(str(e.data.get("state", "")), str(e.data.get("reason", ""))))
+                       and not node_healthy((s := NodeState.of(e)).state, s.reason))
                    or (e.kind == Kind.ATTEMPT_STATE and e.attempt_id == start.attempt_id
-                       and _ended(str(e.data.get("to", "")))))
+                       and _ended(AttemptStateChange.of(e).to_state)))
     drain = first(lambda e: e.kind == Kind.NODE_DRAINED and e.node == node)
     kept_off = first(lambda e: e.kind == Kind.ATTEMPT_INTENT and e.run_id == start.run_id
                      and node in _names(e.data.get("exclude")))
     resubmit = first(lambda e: e.kind == Kind.ATTEMPT_SUBMITTED and e.attempt_id in later_ids)
     allocation = first(lambda e: e.kind == Kind.ATTEMPT_STATE and e.attempt_id in later_ids
-                       and str(e.data.get("to", "")) == AttemptState.RUNNING.value)
+                       and AttemptStateChange.of(e).to_state == AttemptState.RUNNING.value)
     excluded = min((x[0] for x in (drain, kept_off) if x is not None), default=None)
     resume_step = start.resume_step
     if later is not None and later.resume_from and resume_steps and later.resume_from in resume_steps:
@@ -206,7 +207,7 @@ def trained_again(step: str, resume_step: int | None) -> int | None:
 
 def open_drills(events: Sequence[Event]) -> list[DrillStart]:
     """The drills started among ``events`` that have no ``drill.finished`` yet."""
-    finished = {_int(e.data.get("drill")) for e in events if e.kind == Kind.DRILL_FINISHED}
+    finished = {DrillFinished.of(e).drill for e in events if e.kind == Kind.DRILL_FINISHED}
     return [DrillStart.of(e) for e in events if e.kind == Kind.DRILL_STARTED and e.id not in finished]
 
 

@@ -236,7 +236,8 @@ def _problem(error: ErrorDetails) -> str:
 
 _EXPECTED = {
     "int_type": "an integer", "bool_type": "true or false", "string_type": "a string",
-    "float_type": "a number", "list_type": "an array", "dict_type": "a table", "model_type": "a table",
+    "float_type": "a number", "list_type": "an array", "tuple_type": "an array", "dict_type": "a table",
+    "model_type": "a table",
 }
 _BOUNDS = {"greater_than_equal": (">=", "ge"), "less_than_equal": ("<=", "le"),
            "greater_than": (">", "gt"), "less_than": ("<", "lt")}

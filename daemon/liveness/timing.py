@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..errors import ConfigError
 from ..grammar.duration import duration_seconds
+from ..grammar.types import validate
 
 
 class LivenessConfig(BaseModel):
@@ -79,15 +81,10 @@ class LivenessConfig(BaseModel):
         return self
 
 
-def load_liveness_config(table: Mapping[str, Any] | None) -> LivenessConfig:
+def load_liveness_config(table: Mapping[str, Any] | None, where: str = "config") -> LivenessConfig:
     """The config from a parsed ``[liveness]`` TOML table (None or {}: the defaults).
 
-    Raises ValueError with one line naming the key and the problem.
+    Raises ConfigError with one line naming the key and the problem (the one error line of
+    every config table, :func:`b300.grammar.types.validate`).
     """
-    try:
-        return LivenessConfig.model_validate(dict(table or {}))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "liveness"
-        key = f"liveness.{where}" if err["loc"] else "liveness"
-        raise ValueError(f"{key}: {err['msg']}") from None
+    return validate(LivenessConfig, dict(table or {}), where, ConfigError, prefix=("liveness",))

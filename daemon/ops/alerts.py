@@ -33,6 +33,7 @@ from ..errors import B300Error
 from ..events import ALERT_MARKS, DRAINS, TRAINING_FINDINGS, TRAINING_STOPS, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Event
+from ..payloads import TriageVerdict
 from ..report.mail import alert_message, send_mail
 
 log = structlog.get_logger(__name__)
@@ -84,8 +85,8 @@ def alerts_for(new: Sequence[Event], recent_drains: Sequence[Event], drained_bur
             alerts.append(Alert(e.id, e.kind, e.ts, f"{len(nodes)} of {checked} nodes silent "
                                 f"at once (network partition or the login node's link; nothing drained): "
                                 f"{listed}"[:300], nodes=nodes))
-        elif e.kind == Kind.TRIAGE_VERDICT and e.data.get("verdict") in ("fail", "lemon"):
-            summary = f"node {e.node} kept out by triage ({e.data.get('verdict')}): {e.data.get('evidence')}"
+        elif e.kind == Kind.TRIAGE_VERDICT and (v := TriageVerdict.of(e)).verdict in ("fail", "lemon"):
+            summary = f"node {e.node} kept out by triage ({v.verdict}): {v.evidence}"
             alerts.append(Alert(e.id, e.kind, e.ts, summary[:300], node=e.node))
         elif e.kind in DRAINS:
             burst = [d for d in drains if d.id <= e.id and d.ts >= e.ts - BURST_WINDOW]

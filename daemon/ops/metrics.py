@@ -38,6 +38,7 @@ from ..errors import B300Error
 from ..events import TRAINING_FINDINGS, Kind
 from ..interfaces import Store
 from ..model import Run, RunState
+from ..payloads import SparesPool, TriageVerdict
 from ..report.compute import RunInput, checkpoint_figures
 from ..spares.pool import latest_pools
 from ..spec import JobSpec, parse_spec
@@ -276,13 +277,14 @@ def collect_metrics(store: Store, cycle: CycleSnapshot, now: datetime) -> Metric
             if kind in finding_kinds:
                 key = (run_id or "", kind.removeprefix("training."))
                 findings[key] = findings.get(key, 0) + n
-        pools = {str(e.data.get("partition")): len(e.data.get("idle") or [])
+        pools = {str((p := SparesPool.of(e)).partition): len(p.idle)
                  for e in latest_pools(store.events(kinds=[Kind.SPARES_POOL]))}
         drained = sum("DRAIN" in n.state.upper() for n in store.list_nodes())
         verdict_events = store.events(kinds=[Kind.TRIAGE_VERDICT])
         verdicts: dict[str, int] = {}
         for e in verdict_events:
-            verdicts[str(e.data.get("verdict"))] = verdicts.get(str(e.data.get("verdict")), 0) + 1
+            v = str(TriageVerdict.of(e).verdict)
+            verdicts[v] = verdicts.get(v, 0) + 1
         ages: dict[str, float] = {}
         lags: dict[str, float] = {}
         schedules: dict[str, dict[str, float]] = {}

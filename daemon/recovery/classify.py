@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from ..events import Kind
 from ..model import Attempt, AttemptState, Event, NodeRecord
+from ..payloads import NodeState
 from ..spec import JobSpec
 
 
@@ -294,9 +295,9 @@ def last_returns(events: Iterable[Event]) -> dict[str, datetime]:
         if not e.node:
             continue
         if e.kind == Kind.NODE_RESUMED or (
-            e.kind == Kind.NODE_STATE and e.data.get("old_state") is not None
-            and _bad(str(e.data.get("old_state") or ""), str(e.data.get("old_reason") or ""))
-            and not _bad(str(e.data.get("state") or ""), str(e.data.get("reason") or ""))
+            e.kind == Kind.NODE_STATE and (s := NodeState.of(e)).old_state is not None
+            and _bad(s.old_state or "", s.old_reason or "")
+            and not _bad(s.state, s.reason)
         ):
             back[e.node] = max(back.get(e.node, e.ts), e.ts)
     return back

@@ -28,6 +28,7 @@ from ..errors import SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState
+from ..payloads import AttemptProgress
 from ..spec import spec_of
 
 log = structlog.get_logger(__name__)
@@ -176,8 +177,7 @@ class HangWatch:
             return
         mine = [e for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_PROGRESS])
                 if e.attempt_id == attempt.id]
-        self._recorded_steps[attempt.id] = {int(e.data["step"]) for e in mine
-                                            if isinstance(e.data.get("step"), int)}
+        self._recorded_steps[attempt.id] = {s for e in mine if (s := AttemptProgress.of(e).step) is not None}
         if mine:
             self._progress_recorded[attempt.id] = mine[-1].ts
 

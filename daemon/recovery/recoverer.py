@@ -39,6 +39,7 @@ from ..errors import B300Error, SlurmError
 from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, NodeRecord, Run, RunState
+from ..payloads import CheckpointSignal, TrainingExitIntent
 from ..plugin_registry import PluginRegistry
 from ..run_actions import RunActions
 from ..safety.faults import crashpoint
@@ -204,8 +205,7 @@ class Recoverer:
         kinds = {e.kind for e in mine}
         signals = [e for e in mine if e.kind == Kind.CHECKPOINT_SIGNAL]
         lost = tuple(n for e in mine if e.kind == Kind.ATTEMPT_NODE_LOST for n in node_lost(e.data))
-        sent = (SignalSent(signals[-1].ts, str(signals[-1].data.get("signal", "?")),
-                           float(signals[-1].data.get("grace_s", 0)))
+        sent = (SignalSent(signals[-1].ts, (s := CheckpointSignal.of(signals[-1])).signal, s.grace_s)
                 if signals else None)
         return classify_end(
             last, spec, dict(nodes_now), self._log_tail(last, spec),
@@ -300,7 +300,7 @@ class Recoverer:
         if outcome not in (Outcome.COMPLETED, Outcome.CANCELLED):
             intents = [e for e in self._store.events(run_id=run.id, kinds=[Kind.TRAINING_EXIT_INTENT])
                        if e.attempt_id == last.id]
-            intent = (ExitIntent(bool(intents[-1].data.get("restart")), str(intents[-1].data.get("why", "")))
+            intent = (ExitIntent((i := TrainingExitIntent.of(intents[-1])).restart, i.why)
                       if intents else None)
             exit_ = classify_exit(last.exit_code, no_restart_exit_codes=tspec.no_restart_exit_codes,
                                   intent=intent)

@@ -39,6 +39,7 @@ from ..events import Kind
 from ..interfaces import NewEvent, Store
 from ..launcher import launch as lf
 from ..model import Attempt, AttemptState, Event
+from ..payloads import StepRelaunch, StepStarted
 from ..plugin_registry import PluginRegistry
 from ..safety.faults import crashpoint
 from ..slurm.parse import expand_nodes
@@ -97,7 +98,7 @@ class StepRelauncher:
             return Relaunch.NOT_SPARE, "spare_nodes = 0"
         job_id, folder = attempt.slurm_job_id, self.folder(attempt)
         intents = [e for e in relaunches(self._store, attempt.run_id) if e.attempt_id == attempt.id]
-        if any(node in e.data.get("exclude", ()) for e in intents):
+        if any(node in StepRelaunch.of(e).exclude for e in intents):
             self._finish_plans(attempt, intents)
             return Relaunch.ALREADY, "planned already"
         try:
@@ -115,14 +116,14 @@ class StepRelauncher:
         if node == batch_host:
             return Relaunch.NO_SPARE, f"{node} runs the job's launcher (its batch host)"
         gen_now = max([current.generation if current else 0,
-                       *(int(e.data.get("generation", 0)) for e in intents)])
+                       *(StepRelaunch.of(e).generation for e in intents)])
         if (status is not None and status.state == "running" and status.generation == gen_now
                 and status.nodes and node not in _expand(status.nodes)):
             return Relaunch.NOT_IN_STEP, f"{node} is not in step {status.step_id} ({status.nodes})"
         # Nodes of the job drained for drift are no place for the new step either.
         drifted = set(self._store.drift.drained_nodes()) & set(attempt.nodes)
         exclude = sorted({*(current.exclude if current else ()),
-                          *(n for e in intents for n in e.data.get("exclude", ())), node, *drifted})
+                          *(n for e in intents for n in StepRelaunch.of(e).exclude), node, *drifted})
         healthy = [n for n in attempt.nodes if n not in exclude]
         if len(healthy) < spec.nodes:
             return Relaunch.NO_SPARE, (f"{len(healthy)} healthy node(s) left in job {job_id}, "
@@ -177,14 +178,15 @@ class StepRelauncher:
         """Write the newest recorded generation if the folder does not have it."""
         if not intents or attempt.slurm_job_id is None:
             return
-        newest = max(intents, key=lambda e: int(e.data.get("generation", 0)))
+        newest = max(intents, key=lambda e: StepRelaunch.of(e).generation)
         try:
             on_disk = lf.read_plan(self.folder(attempt), attempt.slurm_job_id)
         except lf.PlanError:
             on_disk = None
-        behind = on_disk is None or on_disk.generation < int(newest.data.get("generation", 0))
+        generation = StepRelaunch.of(newest).generation
+        behind = on_disk is None or on_disk.generation < generation
         if behind and self._write(attempt, newest.data):
-            log.info("relaunch.plan_finished", generation=newest.data.get("generation"))
+            log.info("relaunch.plan_finished", generation=generation)
 
     # -- every round ------------------------------------------------------------------
 
@@ -226,7 +228,7 @@ class StepRelauncher:
                     kinds=[Kind.ATTEMPT_STEP_RELAUNCH, Kind.ATTEMPT_STEP_STARTED],
                     since=min(a.created_at for a in running))
                 if e.attempt_id in ids]
-        started = {(e.attempt_id, int(e.data.get("generation", -1)))
+        started = {(e.attempt_id, -1 if (g := StepStarted.of(e).generation) is None else g)
                    for e in mine if e.kind == Kind.ATTEMPT_STEP_STARTED}
         for attempt in running:
             assert attempt.slurm_job_id is not None
@@ -243,13 +245,13 @@ class StepRelauncher:
             if (status is None or status.state != "running" or status.generation < 1
                     or (attempt.id, status.generation) in started):
                 continue
-            intent = next((e for e in intents if int(e.data.get("generation", 0)) == status.generation),
+            intent = next((p for e in intents if (p := StepRelaunch.of(e)).generation == status.generation),
                           None)
             self._store.append_events([NewEvent(
                 Kind.ATTEMPT_STEP_STARTED, run_id=attempt.run_id, attempt_id=attempt.id,
                 data={"job_id": attempt.slurm_job_id, "generation": status.generation,
                       "step_id": status.step_id, "nodes": list(_expand(status.nodes)),
-                      "exclude": list(intent.data.get("exclude", ())) if intent else []})], now)
+                      "exclude": list(intent.exclude) if intent else []})], now)
             log.info("relaunch.step_started", generation=status.generation, step=status.step_id,
                      nodes=status.nodes)
 

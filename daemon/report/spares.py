@@ -28,6 +28,7 @@ from datetime import datetime
 
 from ..events import Kind
 from ..model import Attempt, Event
+from ..payloads import SparesPool, StepRelaunch
 from ..spares.pool import pooled_reservation
 from ..training.stats import median
 
@@ -71,14 +72,13 @@ def pool_idle_node_s(pool_events: Sequence[Event], since: datetime, until: datet
     by_part: dict[str, list[Event]] = {}
     for e in sorted((e for e in pool_events if e.kind == Kind.SPARES_POOL and e.ts < until),
                     key=lambda e: (e.ts, e.id)):
-        by_part.setdefault(str(e.data.get("partition")), []).append(e)
+        by_part.setdefault(str(SparesPool.of(e).partition), []).append(e)
     found: dict[str, float] = {}
     for part, evs in by_part.items():
         total = 0.0
         for i, e in enumerate(evs):
             end = evs[i + 1].ts if i + 1 < len(evs) else until
-            idle = e.data.get("idle")
-            total += (len(idle) if isinstance(idle, list) else 0) * _overlap(since, until, e.ts, end)
+            total += len(SparesPool.of(e).idle) * _overlap(since, until, e.ts, end)
         found[part] = total
     return found
 
@@ -93,8 +93,8 @@ def _in_allocation_gpu_s(run: SpareRun, relaunch: dict[int, list[Event]], since:
         spares, at = run.spare_nodes, a.start
         for e in relaunch.get(a.id, []):
             total += spares * _overlap(since, until, at, min(e.ts, stop))
-            left = e.data.get("spares_left")
-            spares, at = (left if isinstance(left, int) and left >= 0 else max(0, spares - 1)), e.ts
+            left = StepRelaunch.of(e).spares_left
+            spares, at = (left if left is not None and left >= 0 else max(0, spares - 1)), e.ts
         total += spares * _overlap(since, until, at, stop)
     return total * run.gpus_per_node
 

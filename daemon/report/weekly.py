@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import structlog
-from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from ..config.ops import ReportConfig
@@ -113,15 +112,14 @@ def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
     return send_weekly_report(store, cfg, now, fence)
 
 
-def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[], ReportConfig],
-                    clock: Callable[[], datetime], *, retry_s: float = 600.0,
-                    fence: Callable[[str], None] = lambda _action: None) -> None:
-    """(Re)schedule the weekly report from the current [report] config; removes it when disabled."""
+def report_jobs(store: Store, get_cfg: Callable[[], ReportConfig], clock: Callable[[], datetime], *,
+                retry_s: float = 600.0,
+                fence: Callable[[str], None] = lambda _action: None) -> dict[str, timed.Job]:
+    """The weekly report's rows of the schedule from the current [report] config (both None,
+    i.e. taken off, when it is disabled)."""
     cfg = get_cfg()
-    for job_id in (JOB_ID, RETRY_JOB_ID):
-        timed.drop(scheduler, job_id)
     if not cfg.enabled:
-        return
+        return {JOB_ID: None, RETRY_JOB_ID: None}
 
     def job() -> None:
         try:
@@ -130,7 +128,6 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
             log.exception("report.crashed")
 
     trigger = CronTrigger(day_of_week=cfg.day, hour=cfg.hour, minute=0, timezone=ZoneInfo(cfg.timezone))
-    timed.at(scheduler, JOB_ID, job, trigger, misfire_grace_s=3600)
 
     def catch_up() -> None:
         try:
@@ -138,5 +135,5 @@ def schedule_report(scheduler: BaseScheduler, store: Store, get_cfg: Callable[[]
         except Exception:  # never take the daemon down; the next run tries again
             log.exception("report.catch_up_crashed")
 
-    timed.every(scheduler, RETRY_JOB_ID, catch_up, retry_s)
     log.info("report.scheduled", day=cfg.day, hour=cfg.hour, timezone=cfg.timezone)
+    return {JOB_ID: timed.At(job, trigger, misfire_grace_s=3600), RETRY_JOB_ID: timed.Every(catch_up, retry_s)}

@@ -1,15 +1,18 @@
 """The daemon's timed jobs, in one table, and the one way to put them on the scheduler.
 
 Every job b300d runs on a clock is a row of :data:`SCHEDULE`: its id in APScheduler, what
-it does, and where its timing comes from. The features register their jobs through
-:func:`every`, :func:`at` and :func:`once`, which refuse an id not in the table, so the
-table is the whole list (``tests/unit/test_schedule_table.py`` checks that each row is registered somewhere).
-Every job runs one instance at a time and a late run is coalesced into one.
+it does, where its timing comes from, and when it is placed. The features say what to run
+and how often (an :class:`Every` or :class:`At`, built from the current config); the
+daemon places every ``start`` row in one call (:func:`start`, which refuses a missing or
+unknown row), and a reload or a drill changes one row through :func:`place`. Ids not in
+the table are refused, so the table is the whole list (``tests/unit/test_schedule_table.py``
+compares it with what the scheduler holds after start). Every job runs one instance at a
+time and a late run is coalesced into one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,6 +26,8 @@ class TimedJob:
     id: str
     what: str
     timing: str  # where its interval or time comes from
+    placed: str = "start"  # "start": when the daemon becomes active (off: its feature is off);
+    #                        "drill": while a drill is open; "sighup": once per SIGHUP
 
 
 SCHEDULE: tuple[TimedJob, ...] = (
@@ -37,10 +42,56 @@ SCHEDULE: tuple[TimedJob, ...] = (
     TimedJob("weekly-report", "mail the weekly report", "[report] day and hour, in [report] timezone"),
     TimedJob("weekly-report-catch-up", "send a weekly report a failure or a stop left unsent",
              "every 10 minutes"),
-    TimedJob("drill", "measure an open failure drill", "every 0.5 s while a drill is open"),
-    TimedJob("reload", "reload the config", "once, on SIGHUP"),
+    TimedJob("drill", "measure an open failure drill", "every 0.5 s while a drill is open", placed="drill"),
+    TimedJob("reload", "reload the config", "once, on SIGHUP", placed="sighup"),
 )
 IDS = frozenset(j.id for j in SCHEDULE)
+#: The rows :func:`start` places (each given, or None when its feature is off).
+AT_START = tuple(j.id for j in SCHEDULE if j.placed == "start")
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    """Run ``func`` every ``seconds`` (the first time at ``first``, or after one interval)."""
+
+    func: Callable[[], Any]
+    seconds: float
+    first: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """Run ``func`` on ``trigger`` (a cron time); a run missed by up to ``misfire_grace_s`` still runs."""
+
+    func: Callable[[], Any]
+    trigger: BaseTrigger
+    misfire_grace_s: int
+
+
+#: What a feature asks for one row: how to run it, or None (off: the job is taken away).
+Job = Every | At | None
+
+
+def start(scheduler: BaseScheduler, jobs: Mapping[str, Job]) -> None:
+    """Place every ``start`` row of the table, in the table's order; ``jobs`` must name each
+    one (None: off) and nothing else."""
+    missing = [i for i in AT_START if i not in jobs]
+    extra = sorted(set(jobs) - set(AT_START))
+    if missing or extra:
+        raise ValueError(f"the daemon's start schedule does not match b300.scheduling.table.SCHEDULE: "
+                         f"missing {missing}, not start rows {extra}")
+    place(scheduler, {i: jobs[i] for i in AT_START})
+
+
+def place(scheduler: BaseScheduler, jobs: Mapping[str, Job]) -> None:
+    """Put each named row on the scheduler as asked (replacing it), or take it off (None)."""
+    for job_id, job in jobs.items():
+        if job is None:
+            drop(scheduler, job_id)
+        elif isinstance(job, Every):
+            every(scheduler, job_id, job.func, job.seconds, first=job.first)
+        else:
+            at(scheduler, job_id, job.func, job.trigger, misfire_grace_s=job.misfire_grace_s)
 
 
 def _known(job_id: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..events import Kind
 from ..model import AttemptState, Event, NodeObservation, RunState
+from ..payloads import SparesPool
 from ..slurm.parse import expand_nodes
 
 #: sinfo's states (upper case, suffix flags stripped) of a node that runs nothing.
@@ -73,8 +74,9 @@ def latest_pools(records: Iterable[Event]) -> list[Event]:
     is deleted) is not one any more. ``b300ctl nodes`` and ``/metrics`` read the pools so."""
     last: dict[str, Event] = {}
     for e in records:
-        key = str(e.data.get("reservation"))
-        if e.data.get("retired"):
+        pool = SparesPool.of(e)
+        key = str(pool.reservation)
+        if pool.retired:
             last.pop(key, None)
         else:
             last[key] = e

@@ -22,7 +22,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from ..grammar.types import GROUP, NAME, Table, matches
+from ..errors import ConfigError
+from ..grammar.types import GROUP, NAME, Table, matches, validate
 
 PREFIX = "b300-spares-"
 
@@ -78,6 +79,7 @@ class SparesConfig(Table):
         return next((p for p in self.pools if p.partition == partition), None)
 
 
-def load_spares_config(table: Mapping[str, Any] | None) -> SparesConfig:
-    """The config from a parsed ``[spares]`` table (None: off). Raises pydantic's error."""
-    return SparesConfig.model_validate(dict(table or {}))
+def load_spares_config(table: Mapping[str, Any] | None, where: str = "config") -> SparesConfig:
+    """The config from a parsed ``[spares]`` table (None: off); ConfigError with one line
+    naming the key (:func:`b300.grammar.types.validate`)."""
+    return validate(SparesConfig, dict(table or {}), where, ConfigError, prefix=("spares",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,19 +23,16 @@ from sqlmodel import Session, col, func, select
 from ..errors import NotFoundError, UsageError
 from ..events import Kind
 from ..interfaces import AttemptUpdate, NewEvent
-from ..model import Attempt, AttemptState, Event, NodeObservation, NodeRecord, Run, RunState
+from ..model import Attempt, AttemptState, Run, RunState
 from .checkpoint_store import CheckpointStore
 from .drift_store import DriftStore
+from .log_store import LogStore, require_aware
 from .sessions import Sessions
 from .tables import (
     AttemptRow,
-    EventRow,
-    NodeRow,
     RunRow,
     join_nodes,
     to_attempt,
-    to_event,
-    to_node,
     to_run,
 )
 
@@ -43,7 +40,7 @@ _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _ACTIVE_STATES = [s.value for s in AttemptState if not s.is_terminal]
 
 
-class SqlStore:
+class SqlStore(LogStore):
     """:class:`b300.interfaces.Store` on a SQLAlchemy engine (see that contract).
 
     Built by :func:`open_store`. Thread-safe: every call runs in its own
@@ -95,7 +92,7 @@ class SqlStore:
                 f"invalid run id {run_id!r}: use 1-63 lowercase letters, digits and '-',"
                 " starting with a letter or digit"
             )
-        _require_aware(now)
+        require_aware(now)
         with self._sessions.write() as session:
             if session.get(RunRow, run_id) is not None:
                 raise UsageError(f"run '{run_id}' already exists")
@@ -136,7 +133,7 @@ class SqlStore:
         """Set the run's state (any transition; the store does not judge them); a change
         is recorded as a ``run.state`` event (``from``/``to``, by ``actor``) after ``events``
         and moves ``updated_at``; setting the state it has only appends ``events``."""
-        _require_aware(now)
+        require_aware(now)
         with self._sessions.write() as session:
             row = _get_run_row(session, run_id)
             events = list(events)
@@ -168,7 +165,7 @@ class SqlStore:
         PostgreSQL; SQLite write transactions are ``BEGIN IMMEDIATE``), and the
         unique (run_id, number) constraint backs that up.
         """
-        _require_aware(now)
+        require_aware(now)
         excluded = join_nodes(excluded_nodes)
         with self._sessions.write() as session:
             _get_run_row(session, run_id, for_update=True)
@@ -210,7 +207,7 @@ class SqlStore:
         Only a SUBMITTING attempt can be confirmed (UsageError otherwise), so a
         second sbatch for the same intent cannot overwrite the first job id.
         """
-        _require_aware(now)
+        require_aware(now)
         with self._sessions.write() as session:
             row = _get_attempt_row(session, attempt_id)
             if row.state != AttemptState.SUBMITTING.value:
@@ -243,7 +240,7 @@ class SqlStore:
         events: Sequence[NewEvent] = (),
     ) -> Attempt:
         """Change the given fields (``None`` leaves a field as it is); ``updated_at`` = now."""
-        _require_aware(now, start, end)
+        require_aware(now, start, end)
         joined_nodes = None if nodes is None else join_nodes(nodes)
         with self._sessions.write() as session:
             row = _get_attempt_row(session, attempt_id)
@@ -275,7 +272,7 @@ class SqlStore:
     def update_attempts(self, updates: Sequence[AttemptUpdate], now: datetime) -> list[Attempt]:
         """Apply every update, and the run states they bring, in ONE transaction; a run
         whose state changes gets a ``run.state`` event (``from``/``to``)."""
-        _require_aware(now, *[t for u in updates for t in (u.start, u.end)])
+        require_aware(now, *[t for u in updates for t in (u.start, u.end)])
         if not updates:
             return []
         with self._sessions.write() as session:
@@ -368,130 +365,6 @@ class SqlStore:
             ).all()
             return [to_attempt(row) for row in rows]
 
-    # -- events -------------------------------------------------------------
-
-    def append_events(self, events: Sequence[NewEvent], now: datetime) -> list[Event]:
-        """Append ``events`` (all or none) stamped ``now``; returned in the order given."""
-        _require_aware(now)
-        if not events:
-            return []
-        with self._sessions.write() as session:
-            return [to_event(row) for row in self._sessions.add_events(session, events, now)]
-
-    def events(
-        self,
-        *,
-        run_id: str | None = None,
-        after_id: int = 0,
-        limit: int | None = None,
-        node: str | None = None,
-        kinds: Sequence[str] | None = None,
-        since: datetime | None = None,
-    ) -> list[Event]:
-        """Events with id > ``after_id`` in id order, at most ``limit``, optionally
-        only of one run, of one node, of some kinds, or at/after ``since``.
-
-        Ids are committed in increasing order, so paging with the last id seen
-        never skips an event.
-        """
-        query = select(EventRow).where(col(EventRow.id) > after_id)
-        if run_id is not None:
-            query = query.where(col(EventRow.run_id) == run_id)
-        if node is not None:
-            query = query.where(col(EventRow.node) == node)
-        if kinds is not None:
-            query = query.where(col(EventRow.kind).in_(list(kinds)))
-        if since is not None:
-            _require_aware(since)
-            query = query.where(col(EventRow.ts) >= since)
-        query = query.order_by(col(EventRow.id))
-        if limit is not None:
-            query = query.limit(max(limit, 0))
-        with self._sessions.read() as session:
-            return [to_event(row) for row in session.exec(query).all()]
-
-    def event_counts(self, kinds: Sequence[str]) -> dict[tuple[str | None, str], int]:
-        """Events of ``kinds`` counted by (run id, kind) in the database (``GROUP BY``): for
-        ``/metrics``, which needs the totals, not the events."""
-        if not kinds:
-            return {}
-        query = (select(col(EventRow.run_id), col(EventRow.kind), func.count())
-                 .where(col(EventRow.kind).in_(list(kinds)))
-                 .group_by(col(EventRow.run_id), col(EventRow.kind)))
-        with self._sessions.read() as session:
-            return {(run_id, kind): int(n) for run_id, kind, n in session.exec(query).all()}
-
-    # -- nodes --------------------------------------------------------------
-
-    def sync_nodes(self, observed: Sequence[NodeObservation], now: datetime) -> list[NodeRecord]:
-        """Record the nodes' current state and reason; return those that changed, by name.
-
-        Each new or changed node gets a ``node.state`` event whose data holds
-        ``state``/``reason`` and the previous ``old_state``/``old_reason``
-        (``None`` for a new node). ``updated_at`` is when the state last
-        changed, so an unchanged node costs no write. Nodes absent from
-        ``observed`` are left as they are.
-        """
-        _require_aware(now)
-        latest = {obs.name: obs for obs in observed}  # the last report of a name wins
-        with self._sessions.write() as session:
-            known = {row.name: row for row in session.exec(select(NodeRow)).all()}
-            changed: list[NodeRow] = []
-            events: list[NewEvent] = []
-            for name in sorted(latest):
-                obs, row = latest[name], known.get(name)
-                if row is not None and (row.state, row.reason) == (obs.state, obs.reason):
-                    continue
-                events.append(
-                    NewEvent(
-                        kind=Kind.NODE_STATE,
-                        node=name,
-                        data={
-                            "old_state": None if row is None else row.state,
-                            "old_reason": None if row is None else row.reason,
-                            "state": obs.state,
-                            "reason": obs.reason,
-                        },
-                    )
-                )
-                if row is None:
-                    row = NodeRow(name=name, state=obs.state, reason=obs.reason, updated_at=now)
-                    session.add(row)
-                else:
-                    row.state, row.reason, row.updated_at = obs.state, obs.reason, now
-                changed.append(row)
-            session.flush()
-            self._sessions.add_events(session, events, now)
-            return [to_node(row) for row in changed]
-
-    def list_nodes(self) -> list[NodeRecord]:
-        """Every known node, by name."""
-        with self._sessions.read() as session:
-            rows = session.exec(select(NodeRow).order_by(col(NodeRow.name))).all()
-            return [to_node(row) for row in rows]
-
-    # -- high availability --------------------------------------------------
-
-    def daemon_lease(self, name: str) -> dict[str, Any] | None:
-        """The lease row of ``name`` (holder, host, pid, epoch, since, expires_at) and
-        ``live``: unexpired by the database's clock. None if no daemon ever held it."""
-        from .lease_tables import LeaseRow
-
-        with self._sessions.read() as session:
-            row = session.get(LeaseRow, name)
-            if row is None:
-                return None
-            if session.get_bind().dialect.name == "postgresql":
-                db_now = session.exec(select(func.clock_timestamp())).one()
-            else:
-                db_now = datetime.now(UTC)
-            expires = _as_utc(row.expires_at)
-            return {"holder": row.holder, "host": row.host, "pid": row.pid, "epoch": row.epoch,
-                    "since": _as_utc(row.acquired_at).isoformat(),
-                    "renewed_at": _as_utc(row.renewed_at).isoformat(),
-                    "expires_at": expires.isoformat(),
-                    "live": bool(row.holder) and expires > _as_utc(db_now)}
-
     # -- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
@@ -543,17 +416,6 @@ def _attempt_counts(session: Session, run_id: str | None = None) -> dict[str, in
     if run_id is not None:
         query = query.where(col(AttemptRow.run_id) == run_id)
     return {rid: count for rid, count in session.exec(query).all()}
-
-
-def _as_utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _require_aware(*times: datetime | None) -> None:
-    # A naive time is no instant at all; storing it as UTC would shift it silently.
-    for value in times:
-        if value is not None and value.utcoffset() is None:
-            raise ValueError(f"naive datetime {value.isoformat()} given to the store; use UTC")
 
 
 def _flush_or(session: Session, error: UsageError) -> None:

@@ -28,10 +28,6 @@ exit intent is written just before exiting), then forgets it.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -48,6 +44,7 @@ from .detectors import MfuInputs, TrainingMonitor, TrainingSnapshot
 from .findings import Finding, FindingKind
 from .protocol import MAX_LINE_BYTES, ProgressRecord
 from .reader import ProgressTailer, TailState, never_complete
+from .state_files import StateFiles
 from .thresholds import TrainingConfig, TrainingSpec
 
 if TYPE_CHECKING:
@@ -59,7 +56,6 @@ Clock = Callable[[], datetime]
 FIGURES_EVERY = timedelta(minutes=5)
 #: The most files one attempt's ``{rank}`` pattern expands to.
 MAX_FILES = 4096
-STATE_VERSION = 1
 
 FINDING_KINDS: Mapping[FindingKind, Kind] = {
     FindingKind.LOSS_SPIKE: Kind.TRAINING_LOSS_SPIKE,
@@ -135,7 +131,7 @@ class TrainingWatch:
         self._store = store
         self._clock = clock
         self._config = config
-        self._dir = Path(state_dir) / "training" if state_dir else None
+        self._state = StateFiles(Path(state_dir) / "training" if state_dir else None)
         self._output_path = output_path
         self._gpus_default = gpus_per_node_default
         self._watched: dict[int, _Watched] = {}
@@ -236,7 +232,7 @@ class TrainingWatch:
         gpus = len(attempt.nodes or ()) * (spec.gpus_per_node or 0)
         mfu = MfuInputs(tspec.model_params, gpus, cfg.peak.per_gpu, tspec.tokens_per_sample)
         start = attempt.start.timestamp() if attempt.start else None
-        state = self._load(attempt.id)
+        state = self._state.load(attempt.id)
         if state is not None and state.get("files") == [p for p, _ in files]:
             monitor = TrainingMonitor.from_state(attempt.run_id, thresholds, state["monitor"],
                                                  attempt_start=start, mfu=mfu,
@@ -407,64 +403,23 @@ class TrainingWatch:
 
     # -- state files ----------------------------------------------------------------------
 
-    def _state_path(self, attempt_id: int) -> Path | None:
-        return self._dir / f"attempt-{attempt_id}.json" if self._dir else None
-
     def _save(self, w: _Watched) -> None:
-        path = self._state_path(w.attempt_id)
-        if path is None:
-            return
         state: dict[str, Any] = {
-            "v": STATE_VERSION, "files": [t.path for t in w.tailers], "monitor": w.monitor.to_state(),
+            "files": [t.path for t in w.tailers], "monitor": w.monitor.to_state(),
             "tails": [t.state.to_dict() if t.state else None for t in w.tailers],
             "problem_files": sorted(w.problem_files), "intent_recorded": w.intent_recorded,
             "figures_at": w.figures_at.isoformat() if w.figures_at else None,
             "last_steps": w.last_steps, "host_step_time": w.host_step_time}
-        text = json.dumps(state, allow_nan=True, separators=(",", ":"))
-        if text == w.saved:
-            return
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-            w.saved = text
-        except OSError as exc:
-            log.warning("training.state_not_saved", path=str(path), error=str(exc))
-
-    def _load(self, attempt_id: int) -> dict[str, Any] | None:
-        path = self._state_path(attempt_id)
-        if path is None:
-            return None
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(state, dict) or state.get("v") != STATE_VERSION or "monitor" not in state:
-            return None
-        return state
+        w.saved = self._state.save(w.attempt_id, state, w.saved)
 
     def _forget(self, attempt_id: int) -> None:
         self._watched.pop(attempt_id, None)
-        path = self._state_path(attempt_id)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+        self._state.remove(attempt_id)
 
     def _sweep(self, active: set[int]) -> None:
         """Once: state files of attempts that are no longer active (ended while no daemon ran)."""
         self._swept = True
-        if self._dir is None or not self._dir.is_dir():
-            return
-        for i, entry in enumerate(self._dir.iterdir()):
-            if i >= 10_000:
-                break
-            name = entry.name
-            if name.startswith("attempt-") and name.endswith(".json"):
-                num = name[len("attempt-"):-len(".json")]
-                if num.isdigit() and int(num) not in active and int(num) not in self._watched:
-                    entry.unlink(missing_ok=True)
+        self._state.sweep(lambda n: n in active or n in self._watched)
 
 
 def _figures_data(fig: RunFigures) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zoneinfo
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,13 +25,13 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from ..errors import ConfigError, SpecError, UsageError
+from ..errors import ConfigError, SpecError
 from ..grammar.duration import DurationError, duration_seconds
+from ..grammar.types import validate
 
 _MODEL = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -282,34 +282,14 @@ class TrainingConfig(BaseModel):
         return RunThresholds.model_validate(merged)
 
 
-_M = TypeVar("_M", bound=BaseModel)
+def load_training_config(table: Mapping[str, Any], where: str = "config") -> TrainingConfig:
+    """Validate the ``[training]`` table; ConfigError with one line naming the key
+    (:func:`b300.grammar.types.validate`, the one error line of every config table)."""
+    return validate(TrainingConfig, dict(table), where, ConfigError, prefix=("training",))
 
 
-def load_training_config(table: Mapping[str, Any], where: str = "config: [training]") -> TrainingConfig:
-    """Validate the ``[training]`` table; ConfigError with one line naming the key."""
-    return _load(TrainingConfig, table, where, ConfigError)
-
-
-def load_training_spec(health: Mapping[str, Any], where: str = "spec: [health]") -> TrainingSpec:
+def load_training_spec(health: Mapping[str, Any], where: str = "spec") -> TrainingSpec:
     """Validate the issue-17 keys of a spec's ``[health]`` table (the others are left to the
     spec loader: ``progress_file``, ``hang_timeout``, ``startup_timeout``)."""
     mine = {k: v for k, v in health.items() if k in TrainingSpec.model_fields}
-    return _load(TrainingSpec, mine, where, SpecError)
-
-
-def _load(model: type[_M], table: Mapping[str, Any], where: str, err: type[UsageError]) -> _M:
-    try:
-        return model.model_validate(dict(table))
-    except ValidationError as exc:
-        raise err(f"{where}: {error_line(exc)}") from None
-
-
-def error_line(exc: ValidationError) -> str:
-    """The first error of ``exc`` as ``key.sub: message (got value)``, one line."""
-    first = exc.errors(include_url=False)[0]
-    key = ".".join(str(p) for p in first["loc"]) or "table"
-    message = str(first["msg"]).removeprefix("Value error, ")
-    got = repr(first.get("input"))
-    if first["type"] in ("missing", "model_type", "dict_type") or len(got) > 60:
-        got = got[:57] + "..." if len(got) > 60 else got
-    return f"{key}: {message} (got {got})"
+    return validate(TrainingSpec, mine, where, SpecError, prefix=("health",))

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from ..events import Kind
 from ..model import Event, NodeObservation
+from ..payloads import TriageOverride
 from .checks import CheckTable, TriageConfig
 
 #: The reservation and job of a node's triage: found again by these names after a restart.
@@ -99,9 +100,10 @@ def histories(events: Iterable[Event]) -> dict[str, NodeHistory]:
         elif e.kind == Kind.NODE_RESUMED:
             h.returned_at = e.ts
         elif e.kind == Kind.TRIAGE_OVERRIDE:
-            if e.data.get("returnable"):
+            override = TriageOverride.of(e)
+            if override.returnable:
                 h.override_at = e.ts
-            if e.data.get("triage"):
+            if override.triage:
                 h.requested_at = e.ts
     return out
 

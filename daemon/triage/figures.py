@@ -13,6 +13,7 @@ from datetime import datetime
 
 from ..events import Kind
 from ..model import Event
+from ..payloads import TriageVerdict
 from .decide import cause_of
 
 
@@ -21,7 +22,7 @@ def lemon_nodes(events: Iterable[Event]) -> list[str]:
     last: dict[str, str] = {}
     for e in sorted(events, key=lambda e: e.id):
         if e.kind == Kind.TRIAGE_VERDICT and e.node:
-            last[e.node] = str(e.data.get("verdict"))
+            last[e.node] = str(TriageVerdict.of(e).verdict)
     return sorted(n for n, v in last.items() if v == "lemon")
 
 
@@ -71,7 +72,7 @@ def triage_figures(events: Iterable[Event], start: datetime, end: datetime) -> T
                 if e.ts >= start:
                     durations.append((e.ts - began).total_seconds())
         elif e.kind == Kind.TRIAGE_VERDICT and e.ts >= start:
-            v = str(e.data.get("verdict"))
+            v = str(TriageVerdict.of(e).verdict)
             outcomes[v] = outcomes.get(v, 0) + 1
     lost_s += sum((end - max(t, start)).total_seconds() for t in open_at.values())
     return TriageFigures(by_cause, _quantile(durations, 0.5), _quantile(durations, 0.95), len(durations),

@@ -37,6 +37,7 @@ from ..errors import NotFoundError, SlurmError, UsageError
 from ..events import TRIAGE, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import SubmitRequest
+from ..payloads import TriageStarted
 from ..spares.pool import parse_reservations
 from ..spares.pools import daemon_user
 from . import node_check
@@ -184,13 +185,14 @@ class NodeTriage:
     def _follow(self, cfg: TriageConfig, f: Follow, h: NodeHistory, now: datetime) -> int:
         name = triage_name(f.node)
         jobs = self._slurm.find_by_name(name, since=f.started.ts)
-        checks = tuple(c for c in cfg.check if c.name in (f.started.data.get("checks") or []))
+        started = TriageStarted.of(f.started)
+        checks = tuple(c for c in cfg.check if c.name in started.checks)
         if not jobs:
             if (now - f.started.ts).total_seconds() < SUBMIT_GRACE_S or not self._act:
                 return 0
             reserved = any(r.name == name for r in parse_reservations(self._slurm.reservation_list()))
             if not checks:
-                checks = cfg.checks_for(str(f.started.data.get("cause") or "attempt"))
+                checks = cfg.checks_for(started.cause or "attempt")
             job_id = self._launch(cfg, f.node, checks, reserved=reserved)
             self._store.append_events([NewEvent(Kind.TRIAGE_STARTED, node=f.node, data={
                 **f.started.data, "job_id": job_id, "step": "submitted"})], now)
@@ -204,7 +206,7 @@ class NodeTriage:
             output = Path(self.output_path(f.node)).read_text(encoding="utf-8", errors="replace")
         except OSError:
             output = ""
-        names = [str(n) for n in (f.started.data.get("checks") or [])]
+        names = list(started.checks)
         v = judge(output, job.exit_code, job.state.value, names)
         drains = h.drains_within(now, cfg.lemon_window_s)
         resumed = v.verdict == "pass" and cfg.resume

@@ -23,6 +23,7 @@ from b300.drift.scan_records import DriftConfig, FindingKind, NodeStatus, Policy
 from b300.drift.scanner import DriftScanner
 from b300.drift.ssh import ParamikoRunner
 from b300.safety.mode import Withheld
+from b300.scheduling import table as timed
 from b300.slurm.cli import CliSlurmClient
 from b300.store import SqlStore, open_store
 from helpers import slurm_cmd
@@ -199,7 +200,7 @@ def test_watch_rescans_only_when_the_last_scan_is_too_old(sim: Sim, store: SqlSt
     now[0] = T0 + timedelta(minutes=61)
     assert service.scan_if_stale(now[0]) is not None
     scheduler = BackgroundScheduler(timezone=UTC)
-    service.schedule(scheduler)
+    timed.place(scheduler, {"drift": service.timed_job()})
     job = scheduler.get_job("drift")
     assert job is not None and job.trigger.interval == timedelta(minutes=10)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from b300.errors import ConfigError
 from b300.liveness.slurm_addr import (
     parse_node_addresses,
     parse_slurmd_port,
@@ -27,17 +28,17 @@ def test_defaults_are_documented_values() -> None:
 
 
 @pytest.mark.parametrize(("table", "message"), [
-    ({"interval_s": True}, "liveness.interval_s: Input should be a valid number"),
-    ({"interval_s": "soon"}, "liveness.interval_s: Value error, must be a duration"),
+    ({"interval_s": True}, "[liveness] interval_s must be a number, got True"),
+    ({"interval_s": "soon"}, "[liveness] interval_s must be a duration"),
     ({"primary": "connect", "confirm": "connect"}, "must differ from primary ('connect')"),
-    ({"primary": "ping"}, "liveness.primary: Input should be 'icmp', 'syn' or 'connect'"),
-    ({"misses_to_suspect": 0}, "liveness.misses_to_suspect: Input should be greater than or equal to 1"),
-    ({"misses_to_suspect": 2.0}, "liveness.misses_to_suspect: Input should be a valid integer"),
-    ({"interval": 1}, "liveness.interval: Extra inputs are not permitted"),
+    ({"primary": "ping"}, "[liveness] primary must be 'icmp', 'syn' or 'connect', got 'ping'"),
+    ({"misses_to_suspect": 0}, "[liveness] misses_to_suspect must be >= 1, got 0"),
+    ({"misses_to_suspect": 2.0}, "[liveness] misses_to_suspect must be an integer, got 2.0"),
+    ({"interval": 1}, "[liveness] unknown key 'interval'"),
     ({"interval_s": 1.0, "timeout_s": 1.0}, "timeout_s (1) must be shorter than interval_s (1)"),
 ])
 def test_bad_values_are_one_line_naming_the_key(table: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=r"^liveness") as exc:
+    with pytest.raises(ConfigError, match=r"^config: \[liveness\] ") as exc:
         load_liveness_config(table)
     assert message in str(exc.value) and "\n" not in str(exc.value)
 

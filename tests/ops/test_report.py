@@ -31,10 +31,11 @@ from b300.report.collect import collect_report
 from b300.report.compute import Window
 from b300.report.weekly import (
     catch_up_weekly_report,
+    report_jobs,
     report_window,
-    schedule_report,
     send_weekly_report,
 )
+from b300.scheduling import table as timed
 from b300.store import SqlStore, open_store
 from helpers import REPO
 
@@ -288,7 +289,7 @@ def test_the_report_job_fires_in_the_cluster_time_zone(history: tuple[SqlStore, 
     cfg = ReportConfig(to=("a@example.test",), smtp=SmtpConfig(host="127.0.0.1"), day="mon", hour=8,
                        timezone="Asia/Tokyo")
     scheduler = BackgroundScheduler(timezone=dt.UTC)
-    schedule_report(scheduler, store, lambda: cfg, lambda: dt.datetime.now(dt.UTC))
+    timed.place(scheduler, report_jobs(store, lambda: cfg, lambda: dt.datetime.now(dt.UTC)))
     job = scheduler.get_job("weekly-report")
     fire = job.trigger.get_next_fire_time(None, dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC))
     # Monday 08:00 in Tokyo is Sunday 23:00 UTC.

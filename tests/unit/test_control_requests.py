@@ -23,11 +23,12 @@ def test_status_and_prune_requests_parse() -> None:
 
 
 @pytest.mark.parametrize(("raw", "says"), [
-    ({"op": "status", "all": "yes"}, "status: all:"),
-    ({"op": "status", "runs": "r-1"}, "status: runs:"),
-    ({"op": "checkpoints_prune"}, "checkpoints_prune: run_id:"),
-    ({"op": "checkpoints_prune", "run_id": "r-1", "keep_last": True}, "checkpoints_prune: keep_last:"),
-    ({"op": "checkpoints_prune", "run_id": "r-1", "keep_daily_for": 7}, "checkpoints_prune: keep_daily_for:"),
+    ({"op": "status", "all": "yes"}, "status: all must be true or false"),
+    ({"op": "status", "runs": "r-1"}, "status: unknown key 'runs'"),
+    ({"op": "checkpoints_prune"}, "checkpoints_prune: run_id is missing"),
+    ({"op": "checkpoints_prune", "run_id": "r-1", "keep_last": True}, "checkpoints_prune: keep_last must be"),
+    ({"op": "checkpoints_prune", "run_id": "r-1", "keep_daily_for": 7},
+     "checkpoints_prune: keep_daily_for must be a string"),
 ])
 def test_a_request_that_does_not_fit_is_one_line(raw: dict[str, Any], says: str) -> None:
     with pytest.raises(UsageError) as err:
