@@ -27,6 +27,7 @@ from ..cycle.track import AttemptTracker
 from ..cycle.view import ClusterObserver
 from ..drift.scheduled import DriftWatch, make_drift_watch
 from ..drill.runner import DrillWatch
+from ..elastic.reported import ReportedDeaths
 from ..errors import B300Error, SlurmError, StoreError
 from ..ha.fence import Fence, FencedSlurm
 from ..ha.lease import DbLease
@@ -151,7 +152,9 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                       spares=spares if policy.reservations else None,
                       requeues=RequeueReconciler(store, slurm, actions, clock, config.recovery.settle_s)
                       if recovery_on else None,
-                      triage=triage.upkeep)
+                      triage=triage.upkeep,
+                      elastic=ReportedDeaths(store, slurm, clock, log_dir=config.job_log_dir).reconcile
+                      if recovery_on else None)
     health = CycleHealth()
     cycles = CycleRunner(cycle, lifetime, lock, current.get, health)
     cycles_box.append(cycles)

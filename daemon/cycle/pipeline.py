@@ -14,7 +14,9 @@ One :meth:`PollCycle.run_once`:
    every cycle, so a crash between the tracker's commit and an action loses nothing):
    a job Slurm requeued itself is kept off the nodes that failed it and those are
    drained (:class:`~b300.cycle.requeues.RequeueReconciler`, from the
-   ``attempt.requeued`` record the tracker wrote with the state change); running
+   ``attempt.requeued`` record the tracker wrote with the state change); a member of
+   an elastic run that Slurm reports DOWN or FAIL is handled as a dead member
+   (:class:`~b300.elastic.reported.ReportedDeaths`: drained, an agent on a spare); running
    attempts' progress is read and judged
    (:class:`~b300.training.health_step.TrainingWatch`: loss spikes, NaN, throughput,
    stragglers, stalled checkpoint writes; an ended attempt's files are read a last
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -38,7 +40,7 @@ import structlog
 
 from ..errors import SlurmError
 from ..interfaces import SlurmClient, Store
-from ..model import Attempt, AttemptState, RunState
+from ..model import Attempt, AttemptState, NodeRecord, RunState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
 from ..run_actions import RunActions
@@ -84,8 +86,10 @@ class PollCycle:
         spares: SparePools | None = None,
         requeues: RequeueReconciler | None = None,
         triage: Callable[[], object] | None = None,
+        elastic: Callable[[Mapping[str, NodeRecord]], int] | None = None,
     ) -> None:
         self._requeues = requeues
+        self._elastic = elastic   # b300.elastic.reported.ReportedDeaths.reconcile
         self._spares = spares
         self._triage = triage   # b300.triage.slurm.NodeTriage.upkeep
         self._store = store
@@ -133,6 +137,9 @@ class PollCycle:
         try:
             if self._requeues is not None:
                 report.changed += self._requeues.reconcile(view.nodes)
+            if self._elastic is not None and view.nodes_error is None:
+                # Elastic members Slurm reports dead (not on a stale node view).
+                report.changed += self._elastic(view.nodes)
             if self._hangs is not None:
                 with _watch_guard("hangs", report):
                     self._hangs.check(self._store.active_attempts())

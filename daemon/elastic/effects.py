@@ -4,13 +4,14 @@ them), then the job's ``elastic.json``; the job's host starts the agent."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 import structlog
 
 from ..events import Kind
 from ..interfaces import NewEvent, Store
-from ..model import Attempt
+from ..model import Attempt, NodeRecord
 from ..spec import JobSpec
 from . import host
 from .members import JOINED, FallBack, MemberLeft, Nothing, StartAgent, decide
@@ -18,10 +19,22 @@ from .members import JOINED, FallBack, MemberLeft, Nothing, StartAgent, decide
 log = structlog.get_logger(__name__)
 
 
+def first_allocation(store: Store, attempt: Attempt) -> list[str]:
+    """The attempt's nodes as Slurm first listed them (its first ``attempt.state`` with
+    nodes; Slurm drops a DOWN node from a ``--no-kill`` job's list), else its nodes now."""
+    for e in store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_STATE]):
+        nodes = e.data.get("nodes")
+        if e.attempt_id == attempt.id and isinstance(nodes, list) and nodes:
+            return [str(n) for n in nodes]
+    return list(attempt.nodes)
+
+
 def on_dead(store: Store, attempt: Attempt, spec: JobSpec, node: str, now: datetime, *,
-            folder: str) -> str:
+            folder: str, cause: str = "dead", nodes_now: Mapping[str, NodeRecord] | None = None) -> str:
     """Decide and act; the outcome in one word for the caller: ``fallback`` (cancel the job,
-    recovery resubmits), ``kept`` (the job goes on) or ``nothing``."""
+    recovery resubmits), ``kept`` (the job goes on) or ``nothing``. ``cause``: ``dead``
+    (the daemon's liveness checks) or ``slurm`` (Slurm reports the node down); ``nodes_now``:
+    the cycle's node view (else the store's nodes)."""
     assert attempt.slurm_job_id is not None
     job_id = attempt.slurm_job_id
     history = [(str(e.kind), e.data)
@@ -29,10 +42,11 @@ def on_dead(store: Store, attempt: Attempt, spec: JobSpec, node: str, now: datet
                                      kinds=[Kind.ELASTIC_MEMBER_LEFT, Kind.ELASTIC_MEMBER_JOINED])
                if e.attempt_id == attempt.id]
     status = host.read_status(folder) or {}
-    batch_host = str(status.get("batch_host") or (attempt.nodes[0] if attempt.nodes else ""))
-    unusable = [n.name for n in store.list_nodes()
-                if any(s in n.state.upper() for s in ("DOWN", "DRAIN", "FAIL"))]
-    actions = decide(spec, node=node, allocation=list(attempt.nodes), batch_host=batch_host,
+    known = nodes_now.values() if nodes_now is not None else store.list_nodes()
+    unusable = [n.name for n in known if any(s in n.state.upper() for s in ("DOWN", "DRAIN", "FAIL"))]
+    allocation = first_allocation(store, attempt)
+    batch_host = str(status.get("batch_host") or (allocation[0] if allocation else ""))
+    actions = decide(spec, node=node, allocation=allocation, batch_host=batch_host,
                      history=history, unusable=unusable)
     events: list[NewEvent] = []
     outcome = "nothing"
@@ -42,7 +56,7 @@ def on_dead(store: Store, attempt: Attempt, spec: JobSpec, node: str, now: datet
         if isinstance(a, MemberLeft):
             events.append(NewEvent(Kind.ELASTIC_MEMBER_LEFT, run_id=attempt.run_id,
                                    attempt_id=attempt.id, node=a.node, data={
-                                       "job_id": job_id, "node": a.node, "cause": "dead",
+                                       "job_id": job_id, "node": a.node, "cause": cause,
                                        "members": list(a.members), "restarts_used": a.restarts_used,
                                        "max_restarts": e.max_restarts, "then": a.then}))
             events.append(NewEvent(Kind.NODE_FAILED, run_id=attempt.run_id, attempt_id=attempt.id,

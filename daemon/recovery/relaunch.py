@@ -12,7 +12,7 @@ lock:
   ``nodes``) and the infrastructure retry budget allows one more: it records the intent
   (``node.failed`` strike and ``attempt.step_relaunch`` with the generation, the
   exclusions and the newest verified checkpoint, the same ``B300_RESUME_FROM`` a
-  resubmission would get), then writes the plan (:func:`b300.launcher.launch.write_plan`,
+  resubmission would get), then writes the plan (:func:`b300.launcher.plan.write_plan`,
   atomic, refused unless its generation is the next). The launcher ends the step and
   starts the new one;
 - otherwise: today's path. The caller cancels the job (with ``--no-kill`` setting the node
@@ -37,7 +37,7 @@ from ..checkpoints.resume_point import newest_verified
 from ..errors import SlurmError, SpecError
 from ..events import Kind
 from ..interfaces import NewEvent, Store
-from ..launcher import launch as lf
+from ..launcher import plan as lf
 from ..model import Attempt, AttemptState, Event
 from ..payloads import StepRelaunch, StepStarted
 from ..plugin_registry import PluginRegistry

@@ -104,11 +104,14 @@ def one(mode: str, n: int, conf: str) -> dict[str, Any]:
         # Two steps past a checkpoint (>= 5), so a restart's first step is a rewind.
         wait_for(lambda: newest_ckpt(run) >= 5 and steps(run)[-1]["step"] == newest_ckpt(run) + 2,
                  180, "two steps past a checkpoint", every=0.05)
-        ckpt = newest_ckpt(run)
         nodes = d.run(run_id)["attempts"][-1]["nodes"]
         victim = nodes[1]
         t0 = time.time()
         lc("power-off", victim)
+        # Read once the node is off (no step completes without it, so no newer checkpoint
+        # comes): on a loaded machine training may have passed another checkpoint between
+        # the wait above and the power-off, and a restart resumes from that one.
+        ckpt = newest_ckpt(run)
 
         def again() -> float | None:
             late = [r for r in steps(run) if r["time"] > t0 and r["step"] <= ckpt + 1]

@@ -4,8 +4,11 @@ One module, one cluster of its own (``B300_NETNS=1``, SlurmdTimeout 300 s, so ev
 detection here is the daemon's), one daemon, one run: 2 agents + 1 spare. A node powered
 off mid-training -> the daemon drains it and starts an agent on the spare, training goes on
 at world size 2 with the spare, in the same Slurm job; a kill -9 of the daemon changes
-nothing; then a second member powered off with no spare left -> the run shrinks to its
-minimum (``on_no_spare = "shrink"``), still in the same job.
+nothing (it comes back with its liveness checks off); then a second member powered off
+and set DOWN in Slurm (``scontrol update state=down``, as Slurm does itself after
+``SlurmdTimeout``) with no spare left -> the daemon finds the death in Slurm's node view and
+the run shrinks to its minimum (``on_no_spare = "shrink"``), still in the same job; a
+second kill -9 changes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, wait_for
+from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, slurm_cmd, wait_for
 
 pytestmark = pytest.mark.slurm
 TRAIN = Path(__file__).resolve().parents[1] / "workload" / "elastic_train.py"
@@ -137,7 +140,11 @@ def test_a_lost_member_is_replaced_by_the_spare_then_the_run_shrinks(conf: str, 
               f"from step {back['start']}")
 
         # 2. kill -9 of the daemon: nothing changes (no new attempt, no new elastic event).
+        # It comes back without its liveness checks: from now on only Slurm tells it.
         d.kill()
+        d.config.write_text(d.config.read_text().replace("[liveness]\nenabled = true\n",
+                                                         "[liveness]\nenabled = false\n"))
+        assert "enabled = false" in d.config.read_text()
         d.start()
         step = _progress(tmp_path)["step"]
         wait_for(lambda: _progress(tmp_path)["step"] >= step + 5, 60, "training on after the restart")
@@ -145,16 +152,30 @@ def test_a_lost_member_is_replaced_by_the_spare_then_the_run_shrinks(conf: str, 
         assert len(_kinds(d, run_id, "elastic.member_left")) == 1
         assert len(_kinds(d, run_id, "elastic.member_joined")) == 1
 
-        # 3. The spare (now a member) powered off, no spare left: shrink to min_nodes (1).
+        # 3. The spare (now a member) powered off and DOWN in Slurm, no spare left: the death
+        # is found in Slurm's node view, the run shrinks to 1.
         t1 = time.time()
         _must("power-off", spare)
+        slurm_cmd(conf, "scontrol", "update", f"NodeName={spare}", "State=DOWN", "Reason=test: bad board")
         alone = wait_for(lambda: _trained_on(tmp_path, 1, batch_host, t1), 150, "training on alone")
         assert alone["job"] == str(job_id), alone
-        left = _kinds(d, run_id, "elastic.member_left")
-        assert [(e["data"]["node"], e["data"]["then"]) for e in left][-1] == (spare, "shrink"), left
+        left = wait_for(lambda: [e for e in _kinds(d, run_id, "elastic.member_left")
+                                 if e["data"]["node"] == spare], 30, "the death recorded")
+        assert [(e["data"]["then"], e["data"]["cause"]) for e in left] == [("shrink", "slurm")], left
+        lost = [e["data"] for e in _kinds(d, run_id, "attempt.node_lost") if e["data"]["nodes"] == [spare]]
+        assert [x["evidence"] for x in lost] == ["Slurm reports DOWN (test: bad board)"], lost
         assert len(d.run(run_id)["attempts"]) == 1
-        print(f"elastic: node {spare} off, no spare -> training on {alone['nodes']} after "
+        print(f"elastic: node {spare} off and DOWN in Slurm, no spare -> training on {alone['nodes']} after "
               f"{time.time() - t1:.1f} s, from step {alone['start']}")
+
+        # 4. kill -9 again: the death Slurm reported is not decided twice.
+        d.kill()
+        d.start()
+        step = _progress(tmp_path)["step"]
+        wait_for(lambda: _progress(tmp_path)["step"] >= step + 5, 60, "training on after the restart")
+        assert len(_kinds(d, run_id, "elastic.member_left")) == 2
+        assert len(_kinds(d, run_id, "elastic.member_joined")) == 1
+        assert len(d.run(run_id)["attempts"]) == 1
     finally:
         d.cleanup()
         cancel_test_jobs(conf, d)
