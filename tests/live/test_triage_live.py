@@ -9,8 +9,10 @@ triage job runs finishes that triage after its restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,3 +204,61 @@ def test_observe_mode_withholds_every_triage(tmp_path: Path, slurm_conf: str, gp
     finally:
         d.kill()
         slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu03", "State=RESUME")
+
+
+FAULT_TILL_REBOOT = """#!/bin/sh
+# stand-in nvidia-smi: an uncorrectable ECC count until the node reboots (its uptime below
+# the host's when the test began; the local cluster's RebootProgram restarts slurmd with
+# a boot clock at 0, and the job sees it)
+up=$(cut -d. -f1 /proc/uptime)
+n=0; [ "$up" -ge "$(cat "$B300_TEST_GPU/fault-uptime")" ] && n=2
+if [ "$1" = nvlink ]; then echo "GPU 0: Link 0: 26.562 GB/s"; exit 0; fi
+printf 'GPU 00000000:17:00.0\\n    ECC Errors\\n        Volatile\\n'
+printf '            DRAM Uncorrectable                : %s\\n' "$n"
+"""
+
+
+def test_a_fault_a_reboot_clears_returns_the_node(tmp_path: Path, slurm_conf: str) -> None:
+    """[triage] reboot: the checks fail (ECC), the node is rebooted once through Slurm
+    (scontrol reboot ASAP nextstate=DOWN: the local RebootProgram), checked again, passes."""
+    if "RebootProgram" not in slurm_cmd(slurm_conf, "scontrol", "show", "config").replace(" ", ""):
+        pytest.skip("the local cluster has no RebootProgram (deploy/localcluster.sh up sets one)")
+    bin_dir = tmp_path / "gpu-bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAULT_TILL_REBOOT)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    (tmp_path / "fault-uptime").write_text(Path("/proc/uptime").read_text().split(".")[0] + "\n")
+    boot_before = node(slurm_conf, "gpu02")["BootTime"]
+    d = make_daemon(tmp_path, slurm_conf)
+    d.env["PATH"] = f"{bin_dir}:{d.env['PATH']}"
+    d.env["B300_TEST_GPU"] = str(tmp_path)
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\nreboot = true\n"
+                '[[triage.check]]\nname = "node-check"\ntimeout_s = 60\n'
+                f'args = ["--kernel-log", "/dev/null", "--disk", "{tmp_path}"]\n')
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    d.start()
+    try:
+        t0 = time.monotonic()
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", f"Reason={DEAD}")
+        v = wait_for(lambda: verdicts(d).get("gpu02"), 50, "the verdict after the reboot")
+        took = time.monotonic() - t0
+        assert (v["verdict"], v["rebooted"], v["resumed"]) == ("pass", True, True), json.dumps(v)
+        assert "after a reboot" in v["evidence"] and "gpu-ecc" in v["evidence"], v["evidence"]
+        state = node(slurm_conf, "gpu02")
+        assert state["BootTime"] != boot_before and "DRAIN" not in state["State"] and "DOWN" not in state["State"]
+        jobs = wait_for(lambda: (lambda ids: ids if len(ids) >= 2 else None)(slurm_cmd(
+            slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu02", "-S", since, "-o", "JobID").split()),
+            30, "sacct to know both triage jobs")
+        assert len(jobs) == 2, jobs      # the checks, then the checks again: one reboot
+        assert "b300-triage-gpu02" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+        print(f"triage with a reboot: drained -> returned in {took:.1f} s")
+    finally:
+        d.kill()
+        slurm_cmd(slurm_conf, "scancel", "--name=b300-triage-gpu02")
+        if "b300-triage-gpu02" in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+            slurm_cmd(slurm_conf, "scontrol", "delete", "ReservationName=b300-triage-gpu02")
+        if any(s in node(slurm_conf, "gpu02")["State"] for s in ("DRAIN", "DOWN", "REBOOT")):
+            with contextlib.suppress(subprocess.CalledProcessError):   # a reboot still pending
+                slurm_cmd(slurm_conf, "scontrol", "cancel_reboot", "gpu02")
+            slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
