@@ -246,7 +246,8 @@ def test_a_fault_a_reboot_clears_returns_the_node(tmp_path: Path, slurm_conf: st
         assert (v["verdict"], v["rebooted"], v["resumed"]) == ("pass", True, True), json.dumps(v)
         assert "after a reboot" in v["evidence"] and "gpu-ecc" in v["evidence"], v["evidence"]
         state = node(slurm_conf, "gpu02")
-        assert state["BootTime"] != boot_before and "DRAIN" not in state["State"] and "DOWN" not in state["State"]
+        assert state["BootTime"] != boot_before, state
+        assert "DRAIN" not in state["State"] and "DOWN" not in state["State"], state
         jobs = wait_for(lambda: (lambda ids: ids if len(ids) >= 2 else None)(slurm_cmd(
             slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu02", "-S", since, "-o", "JobID").split()),
             30, "sacct to know both triage jobs")

@@ -163,7 +163,8 @@ def _finish(tmp_path: Path, cluster: Cluster, ok: bool) -> None:
     cluster.end_job(0 if ok else 1)
 
 
-CFG = TriageConfig(enabled=True, reboot=True, interval_s=1.0, check=[CheckTable(name="node-check", timeout_s=60)])
+CFG = TriageConfig(enabled=True, reboot=True, interval_s=1.0,
+                   check=[CheckTable(name="node-check", timeout_s=60)])
 
 
 def _kinds(store: SqlStore) -> list[str]:
@@ -235,7 +236,8 @@ def test_a_reboot_that_does_not_come_back_fails_the_node(store: SqlStore, tmp_pa
     assert t.upkeep(force=True) == 1
     v = [e for e in store.events(kinds=[Kind.TRIAGE_VERDICT])][-1].data
     assert (v["verdict"], v["failed_check"], v["rebooted"]) == ("fail", "reboot", True)
-    assert cluster.calls[-2].startswith("drain b300: triage failed reboot") and cluster.calls.count("reboot") == 1
+    assert cluster.calls[-2].startswith("drain b300: triage failed reboot")
+    assert cluster.calls.count("reboot") == 1
 
 
 def test_without_reboot_a_failed_check_is_the_verdict(store: SqlStore, tmp_path: Path) -> None:
