@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_resubmit_live import progress, train_spec
 
 from b300.events import Kind
 from b300.interfaces import NewEvent
-from helpers import DaemonHandle, make_daemon, slurm_cmd, wait_for
+from helpers import DaemonHandle, cancel_test_jobs, make_daemon, slurm_cmd, wait_for
 
 pytestmark = pytest.mark.slurm
 NODES = ("gpu01", "gpu02", "gpu03", "gpu04")
@@ -263,3 +264,55 @@ def test_a_fault_a_reboot_clears_returns_the_node(tmp_path: Path, slurm_conf: st
             with contextlib.suppress(subprocess.CalledProcessError):   # a reboot still pending
                 slurm_cmd(slurm_conf, "scontrol", "cancel_reboot", "gpu02")
             slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
+
+
+def test_a_triage_never_delays_a_runs_recovery_on_a_busy_cluster(tmp_path: Path, slurm_conf: str) -> None:
+    """A 2-node run, a job of someone else on a third node, the fourth idle: a node of the
+    run fails. The recovery needs the run's other node and the idle one (every node left);
+    the triage of the failed node runs in a reservation of that node alone (held open by a
+    gated check), so the resubmitted run starts at once while the triage job still runs."""
+    gate = tmp_path / "gate"
+    d = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\n"
+                '[[triage.check]]\nname = "gate"\ntimeout_s = 90\n'
+                f'argv = ["/bin/sh", "-c", "while [ ! -e {gate} ]; do sleep 0.2; done"]\n')
+    d.start()
+    other, victim = "", ""
+    try:
+        run_id = d.submit(train_spec(tmp_path, "busy", "--steps", "2000"))
+        survivor, victim = d.wait_run(run_id, {"RUNNING"}, timeout=60)["attempts"][0]["nodes"]
+        wait_for(lambda: progress(tmp_path) >= 2, 60, "the run to train")
+        busy, idle = sorted(set(NODES) - {survivor, victim})
+        other = slurm_cmd(slurm_conf, "sbatch", "--parsable", "-N1", "--exclusive", "-w", busy, "-J",
+                          "someone-else", "-o", "/dev/null", "--wrap", "sleep 300").strip().split(";")[0]
+        wait_for(lambda: "RUNNING" in slurm_cmd(slurm_conf, "squeue", "-h", "-j", other, "-o", "%T"), 30,
+                 "the other job to run")
+        t0 = time.monotonic()
+        slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=test: failed")
+        a2 = wait_for(lambda: (a := d.run(run_id)["attempts"])[1:] and a[1]["state"] == "RUNNING" and a[1],
+                      60, "the resubmitted run to start")
+        started = time.monotonic() - t0
+        name = f"b300-triage-{victim}"
+        triage = wait_for(lambda: [ln for ln in slurm_cmd(slurm_conf, "squeue", "-h", f"--name={name}", "-o",
+                                                          "%T|%N").splitlines() if ln], 30, "the triage job")
+        assert sorted(a2["nodes"]) == sorted([survivor, idle]), a2
+        assert triage == [f"RUNNING|{victim}"], triage   # both at once: the triage took no node of the run
+        resv = slurm_cmd(slurm_conf, "scontrol", "show", "reservation", name, "-o")
+        assert f" Nodes={victim} " in resv, resv
+        print(f"busy cluster: node failed -> resubmitted run running in {started:.1f} s, beside its triage")
+        gate.touch()
+        v = wait_for(lambda: verdicts(d).get(victim), 60, "the verdict")
+        assert (v["verdict"], v["resumed"]) == ("pass", True), v
+        assert d.run(run_id)["attempts"][1]["state"] == "RUNNING"
+    finally:
+        d.kill()
+        if other:
+            slurm_cmd(slurm_conf, "scancel", other)
+        cancel_test_jobs(slurm_conf, d)
+        if victim:
+            slurm_cmd(slurm_conf, "scancel", f"--name=b300-triage-{victim}")
+            if f"b300-triage-{victim}" in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+                slurm_cmd(slurm_conf, "scontrol", "delete", f"ReservationName=b300-triage-{victim}")
+            if any(s in node(slurm_conf, victim)["State"] for s in ("DRAIN", "DOWN")):
+                slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
