@@ -316,3 +316,40 @@ def test_a_triage_never_delays_a_runs_recovery_on_a_busy_cluster(tmp_path: Path,
                 slurm_cmd(slurm_conf, "scontrol", "delete", f"ReservationName=b300-triage-{victim}")
             if any(s in node(slurm_conf, victim)["State"] for s in ("DRAIN", "DOWN")):
                 slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
+
+
+def test_a_passed_node_refills_a_short_pool_on_real_slurm(tmp_path: Path, slurm_conf: str) -> None:
+    """The spare pools' side of a pass (b300.spares.pools.SparePools.short_pool_for/take), on
+    the real controller: a node that passed goes into the short pool's reservation (made if
+    missing), a full pool takes nothing more, taking it twice changes nothing."""
+    from datetime import UTC, datetime
+
+    from b300.plugin_registry import PluginRegistry
+    from b300.slurm import make_slurm_client
+    from b300.spares.pool_config import load_spares_config
+    from b300.spares.pools import SparePools
+    from b300.store import open_store
+
+    pool = "b300-spares-batch"
+    slurm = make_slurm_client("cli", slurm_conf=slurm_conf, bin_dir=None, timeout=30.0,
+                              plugins=PluginRegistry())
+    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    cfg = load_spares_config({"enabled": True, "pool": [{"partition": "batch", "nodes": 1}]})
+    pools = SparePools(store, slurm, lambda: datetime.now(UTC), lambda: cfg)
+    try:
+        assert pool not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+        assert pools.short_pool_for("gpu02") == pool
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=b300: triage passed")
+        pools.take(pool, "gpu02")
+        pools.take(pool, "gpu02")
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
+        resv = slurm_cmd(slurm_conf, "scontrol", "show", "reservation", pool, "-o")
+        assert " Nodes=gpu02 " in resv, resv
+        assert pools.short_pool_for("gpu03") is None          # full: gpu03 goes back to general use
+        assert pools.short_pool_for("gpu02") == pool          # already in it (a restart between steps)
+    finally:
+        store.close()
+        if pool in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+            slurm_cmd(slurm_conf, "scontrol", "delete", f"ReservationName={pool}")
+        if "DRAIN" in node(slurm_conf, "gpu02")["State"]:
+            slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
