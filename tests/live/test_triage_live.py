@@ -339,7 +339,8 @@ def test_a_passed_node_refills_a_short_pool_on_real_slurm(tmp_path: Path, slurm_
     try:
         assert pool not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
         assert pools.short_pool_for("gpu02") == pool
-        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", "Reason=b300: triage passed")
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN",
+                  "Reason=b300: triage passed")
         pools.take(pool, "gpu02")
         pools.take(pool, "gpu02")
         slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
