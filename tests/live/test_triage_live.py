@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -208,9 +209,9 @@ def test_observe_mode_withholds_every_triage(tmp_path: Path, slurm_conf: str, gp
 
 
 FAULT_TILL_REBOOT = """#!/bin/sh
-# stand-in nvidia-smi: an uncorrectable ECC count until the node reboots (its uptime below
-# the host's when the test began; the local cluster's RebootProgram restarts slurmd with
-# a boot clock at 0, and the job sees it)
+# stand-in nvidia-smi: an uncorrectable ECC count until the node reboots (the uptime its
+# jobs see drops below the node's uptime when the test began: the local cluster's
+# RebootProgram restarts slurmd with a boot clock at 0)
 up=$(cut -d. -f1 /proc/uptime)
 n=0; [ "$up" -ge "$(cat "$B300_TEST_GPU/fault-uptime")" ] && n=2
 if [ "$1" = nvlink ]; then echo "GPU 0: Link 0: 26.562 GB/s"; exit 0; fi
@@ -228,8 +229,10 @@ def test_a_fault_a_reboot_clears_returns_the_node(tmp_path: Path, slurm_conf: st
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text(FAULT_TILL_REBOOT)
     (bin_dir / "nvidia-smi").chmod(0o755)
-    (tmp_path / "fault-uptime").write_text(Path("/proc/uptime").read_text().split(".")[0] + "\n")
     boot_before = node(slurm_conf, "gpu02")["BootTime"]
+    up = time.time() - datetime.strptime(boot_before, "%Y-%m-%dT%H:%M:%S").timestamp()
+    assert up > 60, f"gpu02 booted {up:.0f} s ago: too recent to tell a reboot by its uptime"
+    (tmp_path / "fault-uptime").write_text(f"{int(up) - 5}\n")
     d = make_daemon(tmp_path, slurm_conf)
     d.env["PATH"] = f"{bin_dir}:{d.env['PATH']}"
     d.env["B300_TEST_GPU"] = str(tmp_path)
@@ -322,7 +325,7 @@ def test_a_passed_node_refills_a_short_pool_on_real_slurm(tmp_path: Path, slurm_
     """The spare pools' side of a pass (b300.spares.pools.SparePools.short_pool_for/take), on
     the real controller: a node that passed goes into the short pool's reservation (made if
     missing), a full pool takes nothing more, taking it twice changes nothing."""
-    from datetime import UTC, datetime
+    from datetime import UTC
 
     from b300.plugin_registry import PluginRegistry
     from b300.slurm import make_slurm_client
@@ -346,7 +349,9 @@ def test_a_passed_node_refills_a_short_pool_on_real_slurm(tmp_path: Path, slurm_
         slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
         resv = slurm_cmd(slurm_conf, "scontrol", "show", "reservation", pool, "-o")
         assert " Nodes=gpu02 " in resv, resv
-        assert pools.short_pool_for("gpu03") is None          # full: gpu03 goes back to general use
+        # full (once gpu02 answers: 22.05 shows a node "idle*" for a moment after a resume):
+        # gpu03 goes back to general use
+        wait_for(lambda: pools.short_pool_for("gpu03") is None, 10, "the pool to count gpu02 idle")
         assert pools.short_pool_for("gpu02") == pool          # already in it (a restart between steps)
     finally:
         store.close()
