@@ -76,6 +76,7 @@ class Kind(enum.StrEnum):
     TRIAGE_STARTED = "triage.started"
     TRIAGE_VERDICT = "triage.verdict"
     TRIAGE_OVERRIDE = "triage.override"
+    TRIAGE_REBOOT = "triage.reboot"
     # active failure detection (b300.liveness): not strikes, the daemon's own checks
     LIVENESS_SUSPECT = "liveness.suspect"
     LIVENESS_CLEARED = "liveness.cleared"
@@ -203,8 +204,9 @@ PAYLOAD: Mapping[Kind, frozenset[str]] = {
     Kind.TRIAGE_STARTED: frozenset({"cause", "reason", "reservation", "job_name", "checks", "time_limit_s",
                                     "job_id", "step"}),
     Kind.TRIAGE_VERDICT: frozenset({"verdict", "failed_check", "evidence", "checks", "job_id", "drains",
-                                    "resumed", "why"}),
+                                    "resumed", "why", "rebooted", "pool"}),
     Kind.TRIAGE_OVERRIDE: frozenset({"returnable", "triage", "by"}),
+    Kind.TRIAGE_REBOOT: frozenset({"failed_check", "evidence", "job_id", "reason"}),
     Kind.LIVENESS_SUSPECT: _LIVENESS,
     Kind.LIVENESS_CLEARED: _LIVENESS,
     Kind.LIVENESS_DEAD: _LIVENESS,
@@ -260,7 +262,8 @@ STRIKE_RESETS = (Kind.NODE_RESUMED, Kind.NODE_STATE)
 #: A node's history as `b300ctl nodes NODE` shows it.
 NODE_HISTORY = (*STRIKES, *DRAINS, Kind.NODE_RESUMED, Kind.DRIFT_CLEARED, Kind.NODE_STATE)
 #: What node triage reads back (b300.triage).
-TRIAGE = (*DRAINS, Kind.TRIAGE_STARTED, Kind.TRIAGE_VERDICT, Kind.TRIAGE_OVERRIDE, Kind.NODE_RESUMED)
+TRIAGE = (*DRAINS, Kind.TRIAGE_STARTED, Kind.TRIAGE_REBOOT, Kind.TRIAGE_VERDICT, Kind.TRIAGE_OVERRIDE,
+          Kind.NODE_RESUMED)
 #: One accounting outage opens and closes with these.
 ACCOUNTING = (Kind.ACCOUNTING_UNAVAILABLE, Kind.ACCOUNTING_RESTORED)
 #: The checkpoint schedule's own record of an attempt (restored after a restart).

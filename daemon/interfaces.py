@@ -135,6 +135,14 @@ class SlurmClient(Protocol):
         """Return a drained or down node to service."""
         ...
 
+    def reboot_node(self, node: str, reason: str) -> None:
+        """Reboot ``node`` as soon as it is idle, with ``reason`` (``scontrol reboot ASAP
+        nextstate=DOWN``): drained until it reboots (no job starts there), DOWN after it
+        (the reason ends "reboot complete"; "reboot timed out" when it did not come back in
+        ResumeTimeout): only the caller returns it. SlurmError(transient=False) when Slurm
+        refuses (no RebootProgram in slurm.conf)."""
+        ...
+
     def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
         """Keep a pending job off ``nodes`` (its excluded node list becomes exactly these)."""
         ...

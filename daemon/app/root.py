@@ -143,9 +143,10 @@ def build_daemon(config: Config, store: Store, slurm: SlurmClient, *,
                              drainer=StragglerDrainer(store, slurm, clock) if recovery_on else None)
     hangs = HangWatch(store, slurm, clock, progress=training.progress_step,
                       withheld=None if recovery_on else withheld)
-    # Node triage ([triage], b300.triage): off by default; acts only as recovery does.
+    # Node triage ([triage], b300.triage): off by default; acts only as recovery does. A
+    # passed node refills a short spare pool of its partition first.
     triage = NodeTriage(store, slurm, clock, lambda: current.get().triage, job_log_dir=config.job_log_dir,
-                        act=recovery_on, withheld=withheld)
+                        act=recovery_on, withheld=withheld, pools=spares if policy.reservations else None)
     cycle = PollCycle(store=store, slurm=slurm, actions=actions,
                       observer=ClusterObserver(slurm, store), tracker=tracker, clock=clock,
                       recoverer=recoverer, hangs=hangs, training=training,

@@ -129,6 +129,8 @@ def _print_show(doc: dict[str, Any]) -> None:
             detail = f"checks {', '.join(d.get('checks') or [])} (cause {d.get('cause')})"
         elif h["kind"] == Kind.TRIAGE_VERDICT:
             detail = f"{d.get('verdict')}: {d.get('evidence', '')}"
+        elif h["kind"] == Kind.TRIAGE_REBOOT:
+            detail = f"reboot after {d.get('failed_check')} failed: {d.get('evidence', '')}"
         else:
             detail = ", ".join(f"{k}={v}" for k, v in d.items())
         table.append([h["ts"][:19], h["kind"], h["actor"], detail[:120]])

@@ -1,4 +1,4 @@
-"""The node executor: the only code that changes a node in Slurm (drain, down, resume).
+"""The node executor: the only code that changes a node in Slurm (drain, down, resume, reboot).
 
 Every feature that takes a node out or puts it back (recovery, the black-hole rule,
 liveness, straggler drains, version drift, drills, operators through the control
@@ -7,8 +7,9 @@ socket) asks this executor. It keeps three promises in one place:
 - **fenced**: the Slurm client it is given is the daemon's fenced one
   (:class:`b300.ha.fence.FencedSlurm`), so a standby that lost its lease changes nothing;
 - **once**: a drain of a node Slurm already shows drained by the daemon (a reason that
-  starts with ``b300``) is not sent again, so an action re-decided after a crash (the
-  spine is level-triggered: what is not recorded as done is decided again) reaches
+  starts with ``b300``) is not sent again, nor a reboot of a node Slurm shows rebooting,
+  so an action re-decided after a crash (the spine is level-triggered: what is not
+  recorded as done is decided again) reaches
   Slurm at most once more, and a drain is idempotent in Slurm anyway;
 - **recorded**: each change that reached Slurm is written to the event log with the
   events the caller names (``node.drained`` by default), in the caller's words.
@@ -26,7 +27,7 @@ import structlog
 
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
-from ..model import NodeRecord
+from ..model import NodeObservation, NodeRecord
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -35,6 +36,12 @@ Clock = Callable[[], datetime]
 def drained_by_us(rec: NodeRecord | None) -> bool:
     """Slurm shows ``rec`` drained (or draining) with one of the daemon's reasons."""
     return rec is not None and "DRAIN" in rec.state.upper() and rec.reason.startswith("b300")
+
+
+def rebooting(n: NodeObservation | None) -> bool:
+    """Slurm shows a reboot of ``n`` requested or under way: sinfo's REBOOT state (``reboot``,
+    ``reboot^`` issued) or the ``@`` (pending) / ``^`` (issued) suffix."""
+    return n is not None and ("REBOOT" in n.state.upper() or any(f in ("@", "^") for f in n.flags))
 
 
 class NodeActions:
@@ -77,6 +84,18 @@ class NodeActions:
         log.info("node.resumed", node=node, actor=actor)
         if record:
             self._recorder().append_events([NewEvent(Kind.NODE_RESUMED, node=node, actor=actor)], self._clock())
+
+    def reboot(self, node: str, reason: str, *, now: NodeObservation | None) -> bool:
+        """Reboot ``node`` (drained until then, DOWN after it: see
+        :meth:`b300.interfaces.SlurmClient.reboot_node`) unless Slurm shows a reboot of it
+        requested or under way (``now``: the node as Slurm showed it this round). True when
+        the reboot was sent now. The event that explains it (``triage.reboot``, recorded
+        before, as the intent) is the caller's."""
+        if rebooting(now):
+            return False
+        self._slurm.reboot_node(node, reason)
+        log.warning("node.reboot", node=node, reason=reason)
+        return True
 
     def drained_for(self, run_id: str, attempt_id: int) -> set[str]:
         """The nodes recorded drained for ``attempt_id`` of ``run_id`` (done before a crash)."""

@@ -121,6 +121,10 @@ class FencedSlurm:
         self._fence.check(f"resume {node}")
         self._inner.resume_node(node)
 
+    def reboot_node(self, node: str, reason: str) -> None:
+        self._fence.check(f"reboot {node}")
+        self._inner.reboot_node(node, reason)
+
     def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
         self._fence.check(f"exclude nodes of job {job_id}")
         self._inner.exclude_nodes(job_id, nodes)

@@ -237,6 +237,12 @@ class CliSlurmClient:
     def resume_node(self, node: str) -> None:
         self._call(["scontrol", "update", f"NodeName={check_node_name(node)}", "State=RESUME"])
 
+    def reboot_node(self, node: str, reason: str) -> None:
+        """ASAP: drained until idle, then rebooted by slurm.conf's RebootProgram; nextstate=DOWN:
+        it takes no job after the reboot until it is resumed (ASAP alone would clear the drain)."""
+        self._call(["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={normalise_reason(reason)}",
+                    check_node_name(node)])
+
     def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
         names = [check_node_name(n) for n in nodes]
         self._call(["scontrol", "update", f"JobId={int(job_id)}",

@@ -317,6 +317,10 @@ class PyslurmClient:
     def resume_node(self, node: str) -> None:
         self._request("node_state", check_node_name(node), "RESUME", "")
 
+    def reboot_node(self, node: str, reason: str) -> None:
+        # pyslurm has no reboot call with a next state; the command-line tools have.
+        self._cli("reboots").reboot_node(check_node_name(node), reason)
+
     def exclude_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
         names = [check_node_name(n) for n in nodes]
         if names:

@@ -237,3 +237,35 @@ def place(*, reservation: Reservation | None, partition: str, needed: int,
     if len(usable) - max(0, promised) < needed:
         return None
     return Placement(reservation.name, partition, needed, usable)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """One pool as a passed node's placement sees it."""
+
+    reservation: str
+    wanted: int
+    partition_nodes: Collection[str]
+    current: Collection[str] = ()      # the reservation's nodes (empty: none yet)
+    promised: int = 0                  # idle nodes promised to attempts placed there (:func:`promised`)
+
+
+def pool_to_refill(node: str, pools: Sequence[PoolView], nodes_now: Mapping[str, str],
+                   avoid: Collection[str]) -> str | None:
+    """The pool a node that just passed triage goes to, or None (back to general use): the
+    first pool (config order) of a partition holding ``node`` that has fewer healthy idle
+    nodes (not avoided) than its size plus what is promised. A pool already holding
+    ``node`` (a daemon killed between the two steps) is that pool. An avoided node (an
+    open drift finding, a black hole) goes to no pool."""
+    if node in avoid:
+        return None
+    for p in pools:
+        if node in p.current:
+            return p.reservation
+    for p in pools:
+        if node not in p.partition_nodes:
+            continue
+        idle = sum(1 for n in p.current if healthy_idle(nodes_now.get(n)) and n not in avoid)
+        if idle < p.wanted + max(0, p.promised):
+            return p.reservation
+    return None

@@ -25,13 +25,16 @@ from .pool import (
     NO_HOLD,
     Placement,
     PoolPlan,
+    PoolView,
     Reservation,
     Waiting,
+    healthy_idle,
     keep_surplus,
     lacks_no_hold,
     node_states,
     parse_reservations,
     place,
+    pool_to_refill,
     pooled_reservation,
     promised,
     refill,
@@ -294,6 +297,41 @@ class SparePools:
             log.info("spares.too_few", partition=pool.partition, needed=spec.nodes + spec.spare_nodes,
                      pool=list(mine.nodes) if mine else [], promised=owed)
         return found
+
+    # -- a node back from triage ----------------------------------------
+
+    def short_pool_for(self, node: str) -> str | None:
+        """The reservation of the pool a node that passed triage goes to (a pool of its
+        partition short of idle nodes: :func:`~b300.spares.pool.pool_to_refill`), or None."""
+        cfg = self._config()
+        if not cfg.pools:
+            return None
+        reservations = self._reservations()
+        waiting = self._waiting()
+        views = [PoolView(p.reservation, p.nodes, set(self._slurm.partition_nodes(p.partition)),
+                          reservations[p.reservation].nodes if p.reservation in reservations else (),
+                          promised(waiting, p.reservation)) for p in cfg.pools]
+        return pool_to_refill(node, views, node_states(self._slurm.nodes()), set(self._avoid()))
+
+    def take(self, reservation: str, node: str) -> None:
+        """Add ``node`` (drained by the caller while it moves) to the pool ``reservation``
+        (made if missing), recorded as a ``spares.pool`` change; nothing if it holds it."""
+        cfg = self._config()
+        pool = next((p for p in cfg.pools if p.reservation == reservation), None)
+        if pool is None:
+            raise SlurmError(f"no spare pool {reservation!r} in the config", transient=False)
+        mine = self._reservations().get(reservation)
+        if mine is not None and node in mine.nodes:
+            return
+        nodes = (*(mine.nodes if mine else ()), node)
+        if mine is None:
+            self._slurm.create_reservation(reservation, nodes, users=self._user(cfg), partition=pool.partition)
+        else:
+            self._slurm.update_reservation(reservation, nodes)
+        log.info("spares.refilled", partition=pool.partition, added=[node], by="triage")
+        states = node_states(self._slurm.nodes())
+        idle = (*(n for n in nodes if n != node and healthy_idle(states.get(n))), node)
+        self._record(pool, mine, PoolPlan(nodes, idle, (node,)))
 
     def placed(self) -> None:
         """A job went into a pool: refill at the next upkeep instead of waiting the interval."""

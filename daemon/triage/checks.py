@@ -11,6 +11,8 @@ what a verdict may do.
     resume = true              # a pass resumes the node (false: report only)
     lemon_drains = 3           # drained this many times within lemon_window_s: a lemon
     lemon_window_s = 604800    # 7 days
+    reboot = false             # true: reboot a node whose checks failed, once, then check it again
+    reboot_timeout_s = 1800    # a reboot not done by then: the node failed triage
 
     [[triage.check]]           # the sequence for every cause, unless a cause has its own
     name = "node-check"
@@ -87,6 +89,11 @@ class TriageConfig(Table):
     lemon_drains: int = Field(default=3, ge=2, le=1000)
     #: The lemon window in seconds (default 7 days).
     lemon_window_s: float = Field(default=7 * 86400.0, ge=60.0, le=365 * 86400.0)
+    #: Reboot a node whose checks failed, once (scontrol reboot; slurm.conf needs a
+    #: RebootProgram), then check it again: the second result is the verdict.
+    reboot: bool = False
+    #: A reboot not done (the node back, DOWN until checked) within this: the node failed.
+    reboot_timeout_s: float = Field(default=1800.0, ge=60.0, le=24 * 3600.0)
     #: Triage jobs running at once, cluster-wide.
     max_parallel: int = Field(default=4, ge=1, le=1000)
     #: The checks, in order; each runs for the causes it names (all if none).

@@ -2,8 +2,8 @@
 now in; what to do out. No Slurm, no store, no clock (:mod:`b300.triage.slurm` acts).
 
 A node's history (:class:`NodeHistory`) is read from its events: drains (``node.drained``,
-``drift.drained``), ``triage.started``, ``triage.verdict``, ``triage.override``,
-``node.resumed``. A triage is *open* from its ``triage.started`` until its
+``drift.drained``), ``triage.started``, ``triage.reboot``, ``triage.verdict``,
+``triage.override``, ``node.resumed``. A triage is *open* from its ``triage.started`` until its
 ``triage.verdict``: a daemon killed between the two finds it open after restart and
 finishes it (its reservation and job are found by name in Slurm).
 """
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from ..cycle.node_actions import rebooting
 from ..events import Kind
 from ..model import Event, NodeObservation
 from ..payloads import TriageOverride
@@ -68,6 +69,7 @@ class NodeHistory:
     drains: list[datetime] = field(default_factory=list)
     started: Event | None = None            # the newest triage.started
     verdict: Event | None = None            # the newest triage.verdict
+    reboot: Event | None = None             # the newest triage.reboot
     override_at: datetime | None = None     # the newest "returnable" override
     requested_at: datetime | None = None    # the newest operator's request to triage it
     returned_at: datetime | None = None     # the newest node.resumed (by triage or a person)
@@ -76,6 +78,13 @@ class NodeHistory:
     def open(self) -> bool:
         """A triage started and not judged yet."""
         return self.started is not None and (self.verdict is None or self.verdict.id < self.started.id)
+
+    @property
+    def rebooted(self) -> Event | None:
+        """The ``triage.reboot`` of the open triage (at most one: a node is rebooted once)."""
+        if not self.open or self.reboot is None or self.started is None:
+            return None
+        return self.reboot if self.verdict is None or self.reboot.id > self.verdict.id else None
 
     def drains_within(self, now: datetime, window_s: float) -> int:
         since = now - timedelta(seconds=window_s)
@@ -97,6 +106,8 @@ def histories(events: Iterable[Event]) -> dict[str, NodeHistory]:
             h.started = e
         elif e.kind == Kind.TRIAGE_VERDICT:
             h.verdict = e
+        elif e.kind == Kind.TRIAGE_REBOOT:
+            h.reboot = e
         elif e.kind == Kind.NODE_RESUMED:
             h.returned_at = e.ts
         elif e.kind == Kind.TRIAGE_OVERRIDE:
@@ -186,6 +197,42 @@ def decide(nodes: Sequence[NodeObservation], hist: Mapping[str, NodeHistory], cf
         actions.append(Start(n.name, cause, n.reason, checks))
         slots -= 1
     return actions
+
+
+#: What the reboot of an open triage needs now (:func:`reboot_phase`).
+SEND, WAIT, REBOOTED, FAILED = "send", "wait", "rebooted", "failed"
+
+
+def reboot_phase(n: NodeObservation | None, reboot: Event, now: datetime, timeout_s: float) -> tuple[str, str]:
+    """Where the reboot recorded by ``reboot`` (``triage.reboot``, written before ``scontrol
+    reboot``) stands, read from Slurm's node state alone (level-triggered: a daemon killed
+    between the record and the command, or after it, decides the same again), with why:
+
+    * ``wait``: a reboot requested or under way (``reboot``, ``@``, ``^``), or the node not
+      answering / powered off / powering up (``*``, ``~``, ``#``);
+    * ``rebooted``: DOWN and answering: ``nextstate=DOWN`` after the reboot (the checks run again);
+    * ``failed``: DOWN with "reboot timed out" (Slurm's ResumeTimeout), or nothing done
+      within ``timeout_s`` of the record;
+    * ``send``: none of these (idle in its reservation): the reboot never reached Slurm.
+    """
+    waited = (now - reboot.ts).total_seconds()
+    late = waited > timeout_s
+    if n is None:
+        if late:
+            return FAILED, f"node gone from Slurm {waited:.0f} s after its reboot"
+        return WAIT, "node not listed"
+    state = n.state.upper()
+    if "DOWN" in state and "reboot timed out" in n.reason.lower():
+        return FAILED, f"reboot timed out (Slurm: {n.reason})"[:300]
+    if rebooting(n) or any(f in ("*", "~", "#") for f in n.flags):
+        if late:
+            return FAILED, f"reboot not done after {waited:.0f} s ({state.lower()}{''.join(n.flags)})"
+        return WAIT, f"{state.lower()}{''.join(n.flags)}"
+    if "DOWN" in state:
+        return REBOOTED, n.reason[:300]
+    if late:
+        return FAILED, f"no reboot in {waited:.0f} s ({state.lower()})"
+    return SEND, state.lower()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,13 @@ triage events, asks :func:`b300.triage.decide.decide` what to do, and does it:
 * follow: an open triage whose reservation or job is missing (a daemon killed between
   the intent and the submit) is completed; one whose job ended is judged
   (:func:`~b300.triage.decide.judge`): pass -> the reservation is deleted and the node is
-  back (refilling a spare pool at the pools' next upkeep, when one is short); fail -> the
-  node is drained again with a reason naming the failed check, then the reservation is
-  deleted; either way one ``triage.verdict`` with the evidence;
+  back (into a spare pool of its partition that is short, ``pool_for``, else to general
+  use); fail -> with ``[triage] reboot`` and no reboot yet in this triage, ``triage.reboot``
+  is recorded, the node rebooted (``scontrol reboot ASAP nextstate=DOWN``: it stays in its
+  reservation, and DOWN after the reboot) and, once Slurm shows it back, checked again
+  (:func:`~b300.triage.decide.reboot_phase`, read from Slurm's node state: a reboot is
+  sent at most once); else the node is drained again with a reason naming the failed
+  check, then the reservation is deleted; either way one ``triage.verdict`` with the evidence;
 * lemon: the node stays drained, its reason says so, one ``triage.verdict`` (lemon).
 
 In observe mode (or with recovery off) nothing is done: each action is one
@@ -29,6 +33,7 @@ import shlex
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -36,14 +41,18 @@ from ..cycle.node_actions import NodeActions
 from ..errors import NotFoundError, SlurmError, UsageError
 from ..events import TRIAGE, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
-from ..model import SubmitRequest
+from ..model import Event, NodeObservation, SubmitRequest
 from ..payloads import TriageStarted
 from ..spares.pool import parse_reservations
 from ..spares.pools import daemon_user
 from . import node_check
 from .checks import CheckTable, TriageConfig
 from .decide import (
+    FAILED,
     PREFIX,
+    REASON_PREFIX,
+    REBOOTED,
+    SEND,
     Follow,
     Lemon,
     NodeHistory,
@@ -53,6 +62,7 @@ from .decide import (
     histories,
     judge,
     lemon_reason,
+    reboot_phase,
     time_limit_s,
     triage_name,
 )
@@ -62,6 +72,18 @@ log = structlog.get_logger(__name__)
 SUBMIT_GRACE_S = 30.0
 #: In a check's argv or args: the node's name.
 NODE = "{node}"
+
+
+class PoolRefill(Protocol):
+    """What triage asks of the spare pools (:class:`b300.spares.pools.SparePools`)."""
+
+    def short_pool_for(self, node: str) -> str | None:
+        """The reservation of a pool of ``node``'s partition holding fewer idle nodes than its size."""
+        ...
+
+    def take(self, reservation: str, node: str) -> None:
+        """Add ``node`` to that pool's reservation (nothing if it holds it already)."""
+        ...
 
 
 def job_script(node: str, checks: tuple[CheckTable, ...]) -> str:
@@ -103,12 +125,16 @@ class NodeTriage:
 
     def __init__(self, store: Store, slurm: SlurmClient, clock: Callable[[], datetime],
                  config: Callable[[], TriageConfig], *, job_log_dir: str, act: bool,
-                 withheld: Callable[..., None] | None = None) -> None:
+                 withheld: Callable[..., None] | None = None,
+                 pools: PoolRefill | None = None) -> None:
+        # ``pools``: the daemon's spare pools (b300.spares.pools.SparePools): a passed node
+        # goes to a short one of its partition first; None: no pools.
         self._store, self._slurm, self._clock, self._config = store, slurm, clock, config
         self._nodes = NodeActions(store, slurm, clock)
         self._log_dir = job_log_dir
         self._act = act
         self._withheld = withheld
+        self._pools = pools
         self._next_at = 0.0
 
     def output_path(self, node: str) -> str:
@@ -126,11 +152,12 @@ class NodeTriage:
         self._next_at = now.timestamp() + cfg.interval_s
         nodes = self._slurm.nodes()
         hist = histories(self._store.events(kinds=list(TRIAGE)))
+        seen = {n.name: n for n in nodes}
         done = 0
         for action in decide(nodes, hist, cfg, now):
             try:
                 if isinstance(action, Follow):
-                    done += self._follow(cfg, action, hist[action.node], now)
+                    done += self._follow(cfg, action, hist[action.node], seen.get(action.node), now)
                 elif not self._act:
                     if self._withheld is not None:
                         what = "triage" if isinstance(action, Start) else "lemon"
@@ -182,17 +209,23 @@ class NodeTriage:
 
     # -- follow ------------------------------------------------------------
 
-    def _follow(self, cfg: TriageConfig, f: Follow, h: NodeHistory, now: datetime) -> int:
+    def _follow(self, cfg: TriageConfig, f: Follow, h: NodeHistory, seen: NodeObservation | None,
+                now: datetime) -> int:
         name = triage_name(f.node)
-        jobs = self._slurm.find_by_name(name, since=f.started.ts)
+        reboot = h.rebooted
+        after = int(reboot.data.get("job_id") or 0) if reboot is not None else 0
+        # After a reboot only the job that checks the node again counts (the first one ended).
+        jobs = [j for j in self._slurm.find_by_name(name, since=f.started.ts) if j.job_id > after]
         started = TriageStarted.of(f.started)
         checks = tuple(c for c in cfg.check if c.name in started.checks)
+        if not checks:
+            checks = cfg.checks_for(started.cause or "attempt")
+        if not jobs and reboot is not None and f.started.id < reboot.id:
+            return self._after_reboot(cfg, f, h, reboot, seen, checks, now) if self._act else 0
         if not jobs:
             if (now - f.started.ts).total_seconds() < SUBMIT_GRACE_S or not self._act:
                 return 0
             reserved = any(r.name == name for r in parse_reservations(self._slurm.reservation_list()))
-            if not checks:
-                checks = cfg.checks_for(started.cause or "attempt")
             job_id = self._launch(cfg, f.node, checks, reserved=reserved)
             self._store.append_events([NewEvent(Kind.TRIAGE_STARTED, node=f.node, data={
                 **f.started.data, "job_id": job_id, "step": "submitted"})], now)
@@ -208,20 +241,102 @@ class NodeTriage:
             output = ""
         names = list(started.checks)
         v = judge(output, job.exit_code, job.state.value, names)
+        if v.verdict == "fail" and cfg.reboot and reboot is None:
+            return self._reboot(cfg, h, v.failed_check, v.evidence, job.job_id, seen, now)
+        evidence = v.evidence
+        if reboot is not None:
+            first = f"{reboot.data.get('evidence', '')}"
+            evidence = f"{'after a reboot' if v.verdict == 'pass' else 'again after a reboot'}: {evidence}" \
+                       f" (before it: {first})"
+        return self._verdict(cfg, f.node, h, v.verdict, v.failed_check, evidence[:400], list(v.checks),
+                             job.job_id, now, rebooted=reboot is not None)
+
+    def _verdict(self, cfg: TriageConfig, node: str, h: NodeHistory, verdict: str, failed_check: str | None,
+                 evidence: str, checks: list[dict[str, str]], job_id: int | None, now: datetime, *,
+                 rebooted: bool) -> int:
+        """Record the verdict of an open triage and carry it out: a pass returns the node (to a
+        short spare pool of its partition first), a fail drains it with the failed check."""
+        name = triage_name(node)
         drains = h.drains_within(now, cfg.lemon_window_s)
-        resumed = v.verdict == "pass" and cfg.resume
+        resumed = verdict == "pass" and cfg.resume
+        pool = self._pools.short_pool_for(node) if resumed and self._pools is not None else None
         if not resumed:
-            why = fail_reason(v.failed_check, v.evidence) if v.verdict == "fail" else \
-                f"b300: triage passed, [triage] resume = false: {v.evidence}"[:200]
-            self._nodes.drain(f.node, why, nodes_now={}, record=False)  # recorded as the verdict
+            why = fail_reason(failed_check, evidence) if verdict == "fail" else \
+                f"b300: triage passed, [triage] resume = false: {evidence}"[:200]
+            self._nodes.drain(node, why, nodes_now={}, record=False)  # recorded as the verdict
+        elif pool is not None:
+            # Drained while it leaves the triage reservation for the pool's: no job of the
+            # queue lands on it in between (the pool's refill then resumes nothing: resumed here).
+            self._nodes.drain(node, f"{REASON_PREFIX} passed, into spare pool {pool}"[:200], nodes_now={},
+                              record=False)
         self._delete_reservation(name)
-        self._store.append_events([NewEvent(Kind.TRIAGE_VERDICT, node=f.node, data={
-            "verdict": v.verdict, "failed_check": v.failed_check, "evidence": v.evidence,
-            "checks": list(v.checks), "job_id": job.job_id, "drains": drains, "resumed": resumed})], now)
+        if pool is not None:
+            try:
+                if self._pools is not None:
+                    self._pools.take(pool, node)
+            except SlurmError as exc:
+                if exc.transient:
+                    raise      # decided again at the next look (every step above is idempotent)
+                log.warning("triage.pool_refused", node=node, pool=pool, error=str(exc)[:200])
+                pool = None    # Slurm refused: back to general use
+            self._nodes.resume(node, record=False)
+        data: dict[str, object] = {
+            "verdict": verdict, "failed_check": failed_check, "evidence": evidence, "checks": checks,
+            "job_id": job_id, "drains": drains, "resumed": resumed, "rebooted": rebooted}
+        if pool is not None:
+            data["pool"] = pool
+        self._store.append_events([NewEvent(Kind.TRIAGE_VERDICT, node=node, data=data)], now)
         if resumed:
-            self._store.append_events([NewEvent(Kind.NODE_RESUMED, node=f.node, actor="triage",
+            self._store.append_events([NewEvent(Kind.NODE_RESUMED, node=node, actor="triage",
                                                 data={"by": "triage"})], now)
-        log.info("triage.verdict", node=f.node, verdict=v.verdict, failed=v.failed_check, resumed=resumed)
+        log.info("triage.verdict", node=node, verdict=verdict, failed=failed_check, resumed=resumed, pool=pool)
+        return 1
+
+    # -- reboot ------------------------------------------------------------
+
+    def _reboot(self, cfg: TriageConfig, h: NodeHistory, failed_check: str | None, evidence: str,
+                job_id: int, seen: NodeObservation | None, now: datetime) -> int:
+        """The checks failed and ``[triage] reboot`` is on: record the reboot (the intent), then
+        ask Slurm for it. The node stays in its reservation; the next looks follow the reboot."""
+        reason = f"{REASON_PREFIX} reboot after {failed_check or '?'} failed"[:200]
+        data: dict[str, object] = {"failed_check": failed_check, "evidence": evidence, "job_id": job_id,
+                                   "reason": reason}
+        self._store.append_events([NewEvent(Kind.TRIAGE_REBOOT, node=h.node, data=data)], now)
+        log.warning("triage.reboot", node=h.node, failed=failed_check)
+        return self._send_reboot(cfg, h, data, seen, now)
+
+    def _send_reboot(self, cfg: TriageConfig, h: NodeHistory, reboot: dict[str, object],
+                     seen: NodeObservation | None, now: datetime) -> int:
+        """``scontrol reboot``; Slurm's refusal (no RebootProgram) fails the node at once, with
+        the check that failed before (a transient error: sent again at the next look)."""
+        try:
+            self._nodes.reboot(h.node, str(reboot.get("reason") or REASON_PREFIX), now=seen)
+        except SlurmError as exc:
+            if exc.transient:
+                raise
+            check = reboot.get("failed_check")
+            return self._verdict(cfg, h.node, h, "fail", str(check) if check else None,
+                                 f"{reboot.get('evidence')}; reboot refused by Slurm: {exc}"[:400], [], None,
+                                 now, rebooted=False)
+        return 1
+
+    def _after_reboot(self, cfg: TriageConfig, f: Follow, h: NodeHistory, reboot: Event,
+                      seen: NodeObservation | None, checks: tuple[CheckTable, ...], now: datetime) -> int:
+        """The reboot recorded, no job since: send it (never sent), wait, run the checks again
+        (the node is back), or fail the node (Slurm timed the reboot out, or ours did)."""
+        phase, why = reboot_phase(seen, reboot, now, cfg.reboot_timeout_s)
+        if phase == SEND:
+            return self._send_reboot(cfg, h, reboot.data, seen, now)
+        if phase == FAILED:
+            evidence = f"{why}; before it: {reboot.data.get('evidence')}"[:400]
+            return self._verdict(cfg, f.node, h, "fail", "reboot", evidence, [], None, now, rebooted=True)
+        if phase != REBOOTED:
+            return 0
+        # Recorded first: a daemon killed after the node is resumed never reboots it again.
+        self._store.append_events([NewEvent(Kind.TRIAGE_STARTED, node=f.node, data={
+            **f.started.data, "step": "rebooted"})], now)
+        self._launch(cfg, f.node, checks, reserved=any(
+            r.name == triage_name(f.node) for r in parse_reservations(self._slurm.reservation_list())))
         return 1
 
     def _delete_reservation(self, name: str) -> None:

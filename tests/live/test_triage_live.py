@@ -9,18 +9,22 @@ triage job runs finishes that triage after its restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_resubmit_live import progress, train_spec
 
 from b300.events import Kind
 from b300.interfaces import NewEvent
-from helpers import DaemonHandle, make_daemon, slurm_cmd, wait_for
+from helpers import DaemonHandle, cancel_test_jobs, make_daemon, slurm_cmd, wait_for
 
 pytestmark = pytest.mark.slurm
 NODES = ("gpu01", "gpu02", "gpu03", "gpu04")
@@ -202,3 +206,156 @@ def test_observe_mode_withholds_every_triage(tmp_path: Path, slurm_conf: str, gp
     finally:
         d.kill()
         slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu03", "State=RESUME")
+
+
+FAULT_TILL_REBOOT = """#!/bin/sh
+# stand-in nvidia-smi: an uncorrectable ECC count until the node reboots (the uptime its
+# jobs see drops below the node's uptime when the test began: the local cluster's
+# RebootProgram restarts slurmd with a boot clock at 0)
+up=$(cut -d. -f1 /proc/uptime)
+n=0; [ "$up" -ge "$(cat "$B300_TEST_GPU/fault-uptime")" ] && n=2
+if [ "$1" = nvlink ]; then echo "GPU 0: Link 0: 26.562 GB/s"; exit 0; fi
+printf 'GPU 00000000:17:00.0\\n    ECC Errors\\n        Volatile\\n'
+printf '            DRAM Uncorrectable                : %s\\n' "$n"
+"""
+
+
+def test_a_fault_a_reboot_clears_returns_the_node(tmp_path: Path, slurm_conf: str) -> None:
+    """[triage] reboot: the checks fail (ECC), the node is rebooted once through Slurm
+    (scontrol reboot ASAP nextstate=DOWN: the local RebootProgram), checked again, passes."""
+    if "RebootProgram" not in slurm_cmd(slurm_conf, "scontrol", "show", "config").replace(" ", ""):
+        pytest.skip("the local cluster has no RebootProgram (deploy/localcluster.sh up sets one)")
+    bin_dir = tmp_path / "gpu-bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAULT_TILL_REBOOT)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    boot_before = node(slurm_conf, "gpu02")["BootTime"]
+    up = time.time() - datetime.strptime(boot_before, "%Y-%m-%dT%H:%M:%S").timestamp()
+    assert up > 60, f"gpu02 booted {up:.0f} s ago: too recent to tell a reboot by its uptime"
+    (tmp_path / "fault-uptime").write_text(f"{int(up) - 5}\n")
+    d = make_daemon(tmp_path, slurm_conf)
+    d.env["PATH"] = f"{bin_dir}:{d.env['PATH']}"
+    d.env["B300_TEST_GPU"] = str(tmp_path)
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\nreboot = true\n"
+                '[[triage.check]]\nname = "node-check"\ntimeout_s = 60\n'
+                f'args = ["--kernel-log", "/dev/null", "--disk", "{tmp_path}"]\n')
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    d.start()
+    try:
+        t0 = time.monotonic()
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN", f"Reason={DEAD}")
+        v = wait_for(lambda: verdicts(d).get("gpu02"), 50, "the verdict after the reboot")
+        took = time.monotonic() - t0
+        assert (v["verdict"], v["rebooted"], v["resumed"]) == ("pass", True, True), json.dumps(v)
+        assert "after a reboot" in v["evidence"] and "gpu-ecc" in v["evidence"], v["evidence"]
+        state = node(slurm_conf, "gpu02")
+        assert state["BootTime"] != boot_before, state
+        assert "DRAIN" not in state["State"] and "DOWN" not in state["State"], state
+        jobs = wait_for(lambda: (lambda ids: ids if len(ids) >= 2 else None)(slurm_cmd(
+            slurm_conf, "sacct", "-X", "-n", "--name=b300-triage-gpu02", "-S", since, "-o", "JobID").split()),
+            30, "sacct to know both triage jobs")
+        assert len(jobs) == 2, jobs      # the checks, then the checks again: one reboot
+        assert "b300-triage-gpu02" not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+        print(f"triage with a reboot: drained -> returned in {took:.1f} s")
+    finally:
+        d.kill()
+        slurm_cmd(slurm_conf, "scancel", "--name=b300-triage-gpu02")
+        if "b300-triage-gpu02" in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+            slurm_cmd(slurm_conf, "scontrol", "delete", "ReservationName=b300-triage-gpu02")
+        if any(s in node(slurm_conf, "gpu02")["State"] for s in ("DRAIN", "DOWN", "REBOOT")):
+            with contextlib.suppress(subprocess.CalledProcessError):   # a reboot still pending
+                slurm_cmd(slurm_conf, "scontrol", "cancel_reboot", "gpu02")
+            slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
+
+
+def test_a_triage_never_delays_a_runs_recovery_on_a_busy_cluster(tmp_path: Path, slurm_conf: str) -> None:
+    """A 2-node run, a job of someone else on a third node, the fourth idle: a node of the
+    run fails. The recovery needs the run's other node and the idle one (every node left);
+    the triage of the failed node runs in a reservation of that node alone (held open by a
+    gated check), so the resubmitted run starts at once while the triage job still runs."""
+    gate = tmp_path / "gate"
+    d = make_daemon(tmp_path, slurm_conf, poll_interval="1s")
+    with d.config.open("a") as f:
+        f.write("[triage]\nenabled = true\ninterval_s = 1.0\n"
+                '[[triage.check]]\nname = "gate"\ntimeout_s = 90\n'
+                f'argv = ["/bin/sh", "-c", "while [ ! -e {gate} ]; do sleep 0.2; done"]\n')
+    d.start()
+    other, victim = "", ""
+    try:
+        run_id = d.submit(train_spec(tmp_path, "busy", "--steps", "2000"))
+        survivor, victim = d.wait_run(run_id, {"RUNNING"}, timeout=60)["attempts"][0]["nodes"]
+        wait_for(lambda: progress(tmp_path) >= 2, 60, "the run to train")
+        busy, idle = sorted(set(NODES) - {survivor, victim})
+        other = slurm_cmd(slurm_conf, "sbatch", "--parsable", "-N1", "--exclusive", "-w", busy, "-J",
+                          "someone-else", "-o", "/dev/null", "--wrap", "sleep 300").strip().split(";")[0]
+        wait_for(lambda: "RUNNING" in slurm_cmd(slurm_conf, "squeue", "-h", "-j", other, "-o", "%T"), 30,
+                 "the other job to run")
+        t0 = time.monotonic()
+        slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=test: failed")
+        a2 = wait_for(lambda: (a := d.run(run_id)["attempts"])[1:] and a[1]["state"] == "RUNNING" and a[1],
+                      60, "the resubmitted run to start")
+        started = time.monotonic() - t0
+        name = f"b300-triage-{victim}"
+        triage = wait_for(lambda: [ln for ln in slurm_cmd(slurm_conf, "squeue", "-h", f"--name={name}", "-o",
+                                                          "%T|%N").splitlines() if ln], 30, "the triage job")
+        assert sorted(a2["nodes"]) == sorted([survivor, idle]), a2
+        assert triage == [f"RUNNING|{victim}"], triage   # both at once: the triage took no node of the run
+        resv = slurm_cmd(slurm_conf, "scontrol", "show", "reservation", name, "-o")
+        assert f" Nodes={victim} " in resv, resv
+        print(f"busy cluster: node failed -> resubmitted run running in {started:.1f} s, beside its triage")
+        gate.touch()
+        v = wait_for(lambda: verdicts(d).get(victim), 60, "the verdict")
+        assert (v["verdict"], v["resumed"]) == ("pass", True), v
+        assert d.run(run_id)["attempts"][1]["state"] == "RUNNING"
+    finally:
+        d.kill()
+        if other:
+            slurm_cmd(slurm_conf, "scancel", other)
+        cancel_test_jobs(slurm_conf, d)
+        if victim:
+            slurm_cmd(slurm_conf, "scancel", f"--name=b300-triage-{victim}")
+            if f"b300-triage-{victim}" in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+                slurm_cmd(slurm_conf, "scontrol", "delete", f"ReservationName=b300-triage-{victim}")
+            if any(s in node(slurm_conf, victim)["State"] for s in ("DRAIN", "DOWN")):
+                slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={victim}", "State=RESUME")
+
+
+def test_a_passed_node_refills_a_short_pool_on_real_slurm(tmp_path: Path, slurm_conf: str) -> None:
+    """The spare pools' side of a pass (b300.spares.pools.SparePools.short_pool_for/take), on
+    the real controller: a node that passed goes into the short pool's reservation (made if
+    missing), a full pool takes nothing more, taking it twice changes nothing."""
+    from datetime import UTC
+
+    from b300.plugin_registry import PluginRegistry
+    from b300.slurm import make_slurm_client
+    from b300.spares.pool_config import load_spares_config
+    from b300.spares.pools import SparePools
+    from b300.store import open_store
+
+    pool = "b300-spares-batch"
+    slurm = make_slurm_client("cli", slurm_conf=slurm_conf, bin_dir=None, timeout=30.0,
+                              plugins=PluginRegistry())
+    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    cfg = load_spares_config({"enabled": True, "pool": [{"partition": "batch", "nodes": 1}]})
+    pools = SparePools(store, slurm, lambda: datetime.now(UTC), lambda: cfg)
+    try:
+        assert pool not in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o")
+        assert pools.short_pool_for("gpu02") == pool
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=DRAIN",
+                  "Reason=b300: triage passed")
+        pools.take(pool, "gpu02")
+        pools.take(pool, "gpu02")
+        slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")
+        resv = slurm_cmd(slurm_conf, "scontrol", "show", "reservation", pool, "-o")
+        assert " Nodes=gpu02 " in resv, resv
+        # full (once gpu02 answers: 22.05 shows a node "idle*" for a moment after a resume):
+        # gpu03 goes back to general use
+        wait_for(lambda: pools.short_pool_for("gpu03") is None, 10, "the pool to count gpu02 idle")
+        assert pools.short_pool_for("gpu02") == pool          # already in it (a restart between steps)
+    finally:
+        store.close()
+        if pool in slurm_cmd(slurm_conf, "scontrol", "show", "reservation", "-o"):
+            slurm_cmd(slurm_conf, "scontrol", "delete", f"ReservationName={pool}")
+        if "DRAIN" in node(slurm_conf, "gpu02")["State"]:
+            slurm_cmd(slurm_conf, "scontrol", "update", "NodeName=gpu02", "State=RESUME")

@@ -19,7 +19,7 @@ from b300.slurm.pyslurm_backend import PyslurmClient
 from b300.store import create_engine, open_store
 
 METHODS = sorted(n for n, v in vars(SlurmClient).items() if inspect.isfunction(v) and not n.startswith("_"))
-CHANGES = {"submit", "cancel", "drain_node", "down_node", "resume_node", "exclude_nodes",
+CHANGES = {"submit", "cancel", "drain_node", "down_node", "resume_node", "reboot_node", "exclude_nodes",
            "ensure_node_down_trigger", "create_reservation", "update_reservation",
            "add_reservation_flag", "delete_reservation"}
 
@@ -44,7 +44,8 @@ def _args(name: str) -> tuple[object, ...]:
     return {
         "submit": (SubmitRequest(job_name="x", comment="", script="#!/bin/sh\n", nodes=1, gpus_per_node=0),),
         "cancel": (7,), "drain_node": ("gpu01", "r"), "down_node": ("gpu01", "r"),
-        "resume_node": ("gpu01",), "exclude_nodes": (7, ["gpu01"]), "ensure_node_down_trigger": ("/x",),
+        "resume_node": ("gpu01",), "reboot_node": ("gpu01", "r"), "exclude_nodes": (7, ["gpu01"]),
+        "ensure_node_down_trigger": ("/x",),
         "create_reservation": ("b300-spares-x", ["gpu01"]), "update_reservation": ("b", ["gpu01"]),
         "add_reservation_flag": ("b", "MAINT"), "delete_reservation": ("b",),
     }[name]
