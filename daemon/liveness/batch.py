@@ -38,60 +38,94 @@ Answer = tuple[int, CheckOutcome, str]
 
 
 class ProbeSocket(Protocol):
-    """One socket that probes many targets. ``send`` returns None (sent) or an errno;
-    ``receive`` drains what is readable now (never blocks) into answers by position."""
+    """One socket that probes many targets. ``send_run(start, count)`` sends probes to
+    targets ``start`` .. ``start + count - 1`` in order and returns how many were sent and
+    the errno of the first that was not (None: all sent, or stopped early without an
+    error: call again); ``receive`` drains what is readable now (never blocks) into
+    answers by position."""
 
     def fileno(self) -> int: ...
 
-    def send(self, position: int, target: Target) -> int | None: ...
+    def send_run(self, start: int, count: int) -> tuple[int, int | None]: ...
 
     def receive(self) -> list[Answer]: ...
 
 
+def send_each(send: Callable[[int, Target], int | None], targets: Sequence[Target], start: int,
+              count: int) -> tuple[int, int | None]:
+    """``send_run`` for a socket that sends one probe per call (``send`` returns an errno or None)."""
+    for k in range(count):
+        rc = send(start + k, targets[start + k])
+        if rc is not None:
+            return k, rc
+    return count, None
+
+
+#: After a wake-up for answers, the loop reads again no sooner than this (seconds), so that
+#: answers trickling in one by one are read in batches, not one wake-up each; it is also
+#: the resolution of the latencies reported. Timeouts and the round's end are not delayed.
+GATHER_S = 0.002
+
+
 def run_batch(sock: ProbeSocket, targets: Sequence[Target], budget_s: float, *, timeout_s: float,
-              max_in_flight: int, clock: Callable[[], float] = time.monotonic) -> list[CheckResult]:
+              max_in_flight: int, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> list[CheckResult]:
     """One result per target, in the targets' order, within ``budget_s`` (plus one select tick)."""
     start = clock()
     deadline = start + budget_s
-    queue = deque(range(len(targets)))
+    n = len(targets)
+    cursor = 0  # the next target to send to: targets are sent in order
     results: dict[int, CheckResult] = {}
     sent: dict[int, float] = {}
-    by_send: deque[tuple[float, int]] = deque()
+    by_send: deque[tuple[float, int, int]] = deque()  # (sent at, first, stop): one per send call
     late = 0.0
     blocked = False  # the last send found the socket buffer full
     with selectors.DefaultSelector() as sel:
         sel.register(sock.fileno(), selectors.EVENT_READ)
         for _ in range(10_000_000):  # bounded: the deadline ends it long before
             now = clock()
-            if now >= deadline or not (queue or sent):
+            if now >= deadline or not (cursor < n or sent):
                 break
             blocked = False
-            while queue and len(sent) < max_in_flight:
-                position = queue[0]
-                rc = sock.send(position, targets[position])
-                if rc in RETRY_LATER:
+            for _ in range(n + 1):  # bounded: each pass sends at least one probe or stops
+                room = min(max_in_flight - len(sent), n - cursor)
+                if room <= 0:
+                    break
+                went, rc = sock.send_run(cursor, room)
+                if went:
+                    first, cursor = cursor, cursor + went
+                    sent.update(dict.fromkeys(range(first, cursor), now))
+                    by_send.append((now, first, cursor))
+                if rc in RETRY_LATER or (rc is None and not went):
                     blocked = True
                     break
-                queue.popleft()
-                if rc is None:
-                    sent[position] = now
-                    by_send.append((now, position))
-                else:
-                    results[position] = _send_failed(targets[position], rc)
+                if rc is not None:
+                    results[cursor] = _send_failed(targets[cursor], rc)
+                    cursor += 1
             _collect(sock.receive(), targets, sent, results, now)
-            while by_send and (by_send[0][1] not in sent or now - by_send[0][0] >= timeout_s):
-                at, position = by_send.popleft()
-                if sent.pop(position, None) is not None:
-                    results[position] = CheckResult(targets[position].node, CheckOutcome.TIMEOUT,
-                                                    now - at, "silent")
-            if not sent and not queue:
-                break
+            while by_send and now - by_send[0][0] >= timeout_s:
+                at, first, stop = by_send.popleft()
+                for position in range(first, stop):
+                    if sent.pop(position, None) is not None:
+                        results[position] = CheckResult(targets[position].node, CheckOutcome.TIMEOUT,
+                                                        now - at, "silent")
+            if not sent:
+                by_send.clear()  # every probe sent so far is decided
+                if cursor >= n:
+                    break
+            if not blocked and cursor < n and len(sent) < max_in_flight:
+                continue  # answers freed room in the window: send more now
             oldest = by_send[0][0] + timeout_s if by_send else now + 0.005
             wait = min(max(0.0, min(oldest, deadline) - now), 0.005 if blocked else 0.05)
             ready = sel.select(wait)
             woke = clock()
             late = max(late, woke - now - wait)
             if ready:
+                # Let the answers of this window gather (bounded by the next timeout and the end).
+                pause = min(GATHER_S - (woke - now), oldest - woke, deadline - woke)
+                if pause > 0:
+                    sleep(pause)
+                    woke = clock()
                 _collect(sock.receive(), targets, sent, results, woke)
         end = clock()
         _collect(sock.receive(), targets, sent, results, end)  # what answered in time still counts

@@ -17,13 +17,18 @@ only: an IPv6 target is ``NOT_CHECKED``.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import errno
 import os
 import socket
 import struct
+import sys
 import time
+from array import array
 from collections.abc import Callable, Sequence
 
+from . import mmsg
 from .batch import (
     JEQ,
     LD_BYTE_AT_X,
@@ -35,6 +40,7 @@ from .batch import (
     checksum,
     errname,
     run_batch,
+    send_each,
 )
 from .verdicts import CheckOutcome, CheckResult, Target
 
@@ -44,6 +50,17 @@ _MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
 _SO_EE_ORIGIN_ICMP = 2
 _MAX_TARGETS = 65536  # sequence numbers are 16 bits: one per target of a round
 _HEADER = struct.Struct("!BBHHH")
+_REPLY = struct.Struct("!HH8s")  # an echo reply's identifier, sequence number and our token
+_PACKET = 16  # an echo request: the 8-byte header and the round's 8-byte token
+_IPV4_NO_OPTIONS = 0x45  # version 4, a 20-byte header
+# One slot of a batched read: (raw) the IP header's first byte and the source address,
+# then the ICMP type, identifier, sequence number and payload; (datagram) the ICMP header
+# starts the slot, the sender is in the slot's sockaddr_in.
+_RAW_SLOT = struct.Struct(f"!B11x4s4xBxxxHH8s{mmsg.SLOT_SIZE - 36}x")
+_DGRAM_SLOT = struct.Struct(f"!BxxxHH8s{mmsg.SLOT_SIZE - 16}x")
+_NAME = struct.Struct("4x4s8x")
+_IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+_IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 
 
 def _ones_sum(data: bytes) -> int:
@@ -76,6 +93,7 @@ class IcmpProber:
         self._timeout = timeout_s
         self._max = max_in_flight
         self._clock = clock
+        self._plan: _Plan | None = None
 
     def check(self, targets: Sequence[Target], budget_s: float) -> list[CheckResult]:
         """One result per target, in the targets' order, within ``budget_s`` seconds."""
@@ -86,22 +104,72 @@ class IcmpProber:
         except OSError as exc:
             return [CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, f"icmp: {exc.strerror}")
                     for t in targets]
+        hosts = tuple(t.host for t in targets)
+        if self._plan is None or self._plan.hosts != hosts:  # the nodes in use changed
+            self._plan = _Plan(hosts)
         with sock:
-            probe = _EchoSocket(sock, dgram, targets)
+            probe = _EchoSocket(sock, dgram, targets, self._plan)
             return run_batch(probe, targets, budget_s, timeout_s=self._timeout,
                              max_in_flight=self._max, clock=self._clock)
+
+
+class _Plan:
+    """What stays the same from round to round while the nodes in use do: each target's
+    address (4 bytes, or None: not an IPv4 target, or past the 65,536 a round can number),
+    and the buffers of the batched send (b300.liveness.mmsg), when the system has it."""
+
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        self.hosts = hosts
+        self.addrs: list[bytes | None] = [
+            None if ":" in h or i >= _MAX_TARGETS else socket.inet_aton(h) for i, h in enumerate(hosts)]
+        self.unsendable = [i for i, a in enumerate(self.addrs) if a is None]
+        self.batch = mmsg.SendBatch([a or bytes(4) for a in self.addrs], _PACKET) if mmsg.available() else None
+        self.ring = mmsg.RecvRing() if self.batch is not None else None
+
+
+def echo_packets(count: int, ident: int, base: int, token: bytes) -> bytes:
+    """``count`` echo requests of :data:`_PACKET` bytes, request i with sequence number
+    ``base + i`` (``base + count`` <= 65,536) and the 8-byte ``token`` as payload, each with
+    its checksum (pure).
+
+    Built without a Python step per packet: the requests differ only in the sequence
+    number and the checksum; as the sequence grows by one the one's-complement sum grows
+    by one and the checksum (its complement) falls by one, wrapping from 0 to 0xFFFE."""
+    if base < 0 or base + count > _MAX_TARGETS or len(token) != 8:
+        raise ValueError(f"{count} requests from sequence {base} with a token of {len(token)} bytes")
+    template = _HEADER.pack(_ECHO_REQUEST, 0, 0, ident, 0) + token
+    buf = bytearray(template * count)
+    first = (_ones_sum(template) + base - 1) % 0xFFFF  # the sum of request 0, less one, mod 0xFFFF
+    sums = array("H", range(0xFFFE - first, -1, -1))
+    if len(sums) < count:
+        sums.extend(range(0xFFFE, 0xFFFE - (count - len(sums)), -1))
+    del sums[count:]
+    seqs = array("H", range(base, base + count))
+    if sys.byteorder == "little":
+        sums.byteswap()
+        seqs.byteswap()
+    words = memoryview(buf).cast("H")
+    words[1::_PACKET // 2] = sums
+    words[3::_PACKET // 2] = seqs
+    return bytes(buf)
 
 
 class _EchoSocket:
     """One round's ICMP socket: sends echo requests, reads replies and errors by position."""
 
-    def __init__(self, sock: socket.socket, dgram: bool, targets: Sequence[Target]) -> None:
+    def __init__(self, sock: socket.socket, dgram: bool, targets: Sequence[Target], plan: _Plan) -> None:
         self._sock = sock
         self._dgram = dgram
         self._targets = targets
+        self._plan = plan
         self._ident = int.from_bytes(os.urandom(2), "big")  # a ping socket's kernel sets its own
-        self._base = int.from_bytes(os.urandom(2), "big")
+        count = min(len(targets), _MAX_TARGETS)
+        # Sequence numbers base .. base + count - 1: no wrap inside a round.
+        self._base = int.from_bytes(os.urandom(3), "big") % (_MAX_TARGETS - count + 1)
         self._token = os.urandom(8)
+        self._packets = echo_packets(count, self._ident, self._base, self._token)
+        if plan.batch is not None:
+            plan.batch.fill(self._packets + bytes(_PACKET * (len(targets) - count)))
         sock.setblocking(False)
         for size in (1 << 22, 1 << 20):  # room for a round's replies (the kernel may cap it)
             try:
@@ -109,6 +177,10 @@ class _EchoSocket:
                 break
             except OSError:
                 continue
+        # Don't fragment: a 36-byte request never needs it, and the kernel then skips
+        # choosing an IP identification for each one.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DO)
         if dgram:
             sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
         else:
@@ -123,30 +195,43 @@ class _EchoSocket:
                     sock.recv(2048)
                 except OSError:
                     break
-        # The checksum of a request is the fixed part's sum plus the sequence number's.
-        self._fixed = _ones_sum(struct.pack("!BBHH", _ECHO_REQUEST, 0, 0, self._ident) + self._token)
 
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    def send(self, position: int, target: Target) -> int | None:
-        if ":" in target.host:
-            return errno.EAFNOSUPPORT
-        if position >= _MAX_TARGETS:
-            return errno.E2BIG
-        seq = (self._base + position) & 0xFFFF
-        total = self._fixed + seq
-        total = (total & 0xFFFF) + (total >> 16)
-        packet = _HEADER.pack(_ECHO_REQUEST, 0, ~total & 0xFFFF, self._ident, seq) + self._token
+    def send_run(self, start: int, count: int) -> tuple[int, int | None]:
+        unsendable = self._plan.unsendable
+        stop = bisect.bisect_left(unsendable, start)
+        if stop < len(unsendable):
+            if unsendable[stop] == start:
+                return 0, errno.EAFNOSUPPORT if start < _MAX_TARGETS else errno.E2BIG
+            count = min(count, unsendable[stop] - start)
+        if self._plan.batch is not None:
+            return self._plan.batch.send(self._sock.fileno(), start, count)
+        return send_each(self._send, self._targets, start, count)
+
+    def _send(self, position: int, target: Target) -> int | None:
         try:
-            self._sock.sendto(packet, (target.host, 0))
+            self._sock.sendto(self._packets[position * _PACKET:(position + 1) * _PACKET], (target.host, 0))
         except OSError as exc:
             return exc.errno or errno.EIO
         return None
 
     def receive(self) -> list[Answer]:
         out: list[Answer] = []
-        for _ in range(100_000):  # bounded by what the socket holds
+        ring = self._plan.ring
+        for _ in range(100_000 if ring is None else 1 + 100_000 // mmsg.RING_SLOTS):  # bounded
+            if ring is not None:
+                got, err, blob, lens, names = ring.recv(self._sock.fileno())
+                if got:
+                    self._slots(got, blob, lens, names, out)
+                    if got < mmsg.RING_SLOTS:
+                        break
+                    continue
+                if err is None or err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) or not self._dgram:
+                    break
+                out.extend(self._errors())  # an error on a datagram socket: read its error queue
+                continue
             try:
                 data, addr = self._sock.recvfrom(2048)
             except (BlockingIOError, InterruptedError):
@@ -161,6 +246,33 @@ class _EchoSocket:
         if self._dgram:
             out.extend(self._errors())
         return out
+
+    def _slots(self, got: int, blob: bytes, lens: list[int], names: bytes, out: list[Answer]) -> None:
+        """The packets of one batched read (b300.liveness.mmsg.RecvRing): the fields of an
+        echo reply are read for every slot at once (``iter_unpack``); a slot that is not a
+        whole echo reply (an IP header with options, an ICMP error) goes through :meth:`_parse`."""
+        addrs, count, base = self._plan.addrs, len(self._targets), self._base
+        token, ident = self._token, self._ident
+        raw = not self._dgram
+        if raw:
+            fields = _RAW_SLOT.iter_unpack(blob)
+        else:
+            fields = ((kind, src, kind, i, seq, t) for (kind, i, seq, t), (src,)
+                      in zip(_DGRAM_SLOT.iter_unpack(blob), _NAME.iter_unpack(names), strict=True))
+        lead, reply_len = (_IPV4_NO_OPTIONS, 36) if raw else (_ECHO_REPLY, 16)
+        for j, (first, src, kind, got_ident, seq, got_token) in enumerate(fields):
+            if first == lead and kind == _ECHO_REPLY and lens[j] >= reply_len:
+                position = (seq - base) & 0xFFFF
+                if position < count and got_token == token and addrs[position] == src \
+                        and (got_ident == ident or not raw):
+                    out.append((position, CheckOutcome.OK, "echo reply"))
+            elif raw:
+                o = j * mmsg.SLOT_SIZE
+                size = min(lens[j], mmsg.SLOT_SIZE)
+                if size >= 20:
+                    answer = self._parse(blob[o:o + size], socket.inet_ntoa(blob[o + 12:o + 16]))
+                    if answer is not None:
+                        out.append(answer)
 
     def _position(self, seq: int, token: bytes, host: str | None) -> int | None:
         position = (seq - self._base) & 0xFFFF

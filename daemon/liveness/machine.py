@@ -26,6 +26,7 @@ after it (the gap in between is not silence). See docs/design/liveness.md.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -147,6 +148,8 @@ _SILENCE = frozenset({CheckOutcome.TIMEOUT, CheckOutcome.UNREACHABLE, CheckOutco
 
 def _answered(s: NodeLiveness, r: CheckResult, now: datetime) -> tuple[NodeLiveness, Decision | None]:
     was = s.health
+    if was in (Health.OK, Health.MISSING):  # nothing to decide: the fresh state and its evidence only
+        return NodeLiveness(s.node, recent=(*s.recent, f"{_stamp(now)} ok {_ms(r.latency_s)}")[-_KEEP:]), None
     s = _remember(s, now, f"ok {_ms(r.latency_s)}")
     fresh = NodeLiveness(s.node, recent=s.recent)
     if was is Health.SUSPECT:
@@ -225,7 +228,13 @@ def _decide(s: NodeLiveness, verdict: Verdict, now: datetime, why: str) -> Decis
 
 
 def _remember(s: NodeLiveness, now: datetime, text: str) -> NodeLiveness:
-    return replace(s, recent=(*s.recent, f"{now:%H:%M:%S.%f}"[:-3] + " " + text)[-_KEEP:])
+    return replace(s, recent=(*s.recent, f"{_stamp(now)} {text}")[-_KEEP:])
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp(now: datetime) -> str:
+    """``now`` as the evidence writes it (to the millisecond): once per round, not per node."""
+    return f"{now:%H:%M:%S.%f}"[:-3]
 
 
 def _ms(seconds: float) -> str:

@@ -27,7 +27,17 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
-from .batch import JEQ, LD_HALF_AT_X, LDX_IP_HEADER_LEN, RET, Answer, attach_filter, checksum, run_batch
+from .batch import (
+    JEQ,
+    LD_HALF_AT_X,
+    LDX_IP_HEADER_LEN,
+    RET,
+    Answer,
+    attach_filter,
+    checksum,
+    run_batch,
+    send_each,
+)
 from .verdicts import CheckOutcome, CheckResult, Target
 
 _SYN, _RST, _ACK = 0x02, 0x04, 0x10
@@ -133,6 +143,9 @@ class _SynSocket:
                 "!BBHHBBH", 0, socket.IPPROTO_TCP, 20, self._sport, 5 << 4, _SYN, _WINDOW)
             total = self._sums[host] = sum(struct.unpack("!9H", words))
         return total
+
+    def send_run(self, start: int, count: int) -> tuple[int, int | None]:
+        return send_each(self.send, self._targets, start, count)
 
     def send(self, position: int, target: Target) -> int | None:
         if ":" in target.host:

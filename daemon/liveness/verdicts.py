@@ -12,6 +12,7 @@ import enum
 import ipaddress
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from ..model import is_node_name
 
@@ -72,9 +73,11 @@ class CheckOutcome(enum.StrEnum):
         return self is not CheckOutcome.NOT_CHECKED
 
 
-@dataclass(frozen=True, slots=True)
-class CheckResult:
-    """One primary check of one node: its outcome, how long it took, the errno text."""
+class CheckResult(NamedTuple):
+    """One primary check of one node: its outcome, how long it took, the errno text.
+
+    A named tuple, not a frozen dataclass: a round makes one per node in use (10,000 a
+    second at 10,000 nodes), and a tuple is made in half the time."""
 
     node: str
     outcome: CheckOutcome

@@ -314,3 +314,18 @@ def test_something_answering_but_refusing_us_is_alive() -> None:
     s = _round(dict(s.states), 2, a=REFUSED, b=OK)
     c = _confirm(dict(s.states), 2.5, "a", ConfirmOutcome.ANSWERED_REFUSED)
     assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
+
+
+def test_an_answering_node_keeps_the_last_six_checks_as_evidence() -> None:
+    """The answer of a node that was OK or missing checks: a fresh state (no misses) whose
+    evidence is its last six checks, each with its round's time to the millisecond."""
+    states: dict[str, NodeLiveness] = {}
+    for i in range(8):
+        now = T0 + timedelta(seconds=i, microseconds=123456)
+        outcome = TIMEOUT if i == 5 else OK
+        states = dict(observe_checks(states, [CheckResult("a", outcome, 0.0004 * (i + 1))], now, CFG).states)
+    s = states["a"]
+    assert (s.health, s.misses) == (Health.OK, 0)
+    assert s.recent == ("12:00:02.123 ok 1 ms", "12:00:03.123 ok 2 ms", "12:00:04.123 ok 2 ms",
+                        "12:00:05.123 timeout 2 ms", "12:00:06.123 ok 3 ms", "12:00:07.123 ok 3 ms")
+    assert s == NodeLiveness("a", recent=s.recent)
