@@ -31,7 +31,7 @@ TRAIN = Path(__file__).resolve().parents[1] / "workload" / "elastic_train.py"
 _ENV = {
     "B300_CLUSTER_DIR": os.environ.get("B300_ELASTIC_TEST_DIR", "/var/tmp/b300-elastic-test"),
     "B300_CLUSTER_NAME": os.environ.get("B300_ELASTIC_TEST_NAME", "b300eltest"),
-    "B300_PORT_BASE": os.environ.get("B300_ELASTIC_TEST_PORT_BASE", "17400"),
+    "B300_PORT_BASE": os.environ.get("B300_ELASTIC_TEST_PORT_BASE", "17500"),
     "B300_NETNS": "1",
     "B300_NODES": "4",
     "B300_SLURMD_TIMEOUT": "300",
