@@ -14,9 +14,6 @@ second kill -9 changes nothing.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,44 +21,19 @@ from typing import Any
 
 import pytest
 
-from helpers import CLUSTER, DaemonHandle, cancel_test_jobs, make_daemon, slurm_cmd, wait_for
+from helpers import DaemonHandle, SideCluster, cancel_test_jobs, make_daemon, slurm_cmd, wait_for
 
 pytestmark = pytest.mark.slurm
 TRAIN = Path(__file__).resolve().parents[1] / "workload" / "elastic_train.py"
-_ENV = {
-    "B300_CLUSTER_DIR": os.environ.get("B300_ELASTIC_TEST_DIR", "/var/tmp/b300-elastic-test"),
-    "B300_CLUSTER_NAME": os.environ.get("B300_ELASTIC_TEST_NAME", "b300eltest"),
-    "B300_PORT_BASE": os.environ.get("B300_ELASTIC_TEST_PORT_BASE", "17500"),
-    "B300_NETNS": "1",
-    "B300_NODES": "4",
-    "B300_SLURMD_TIMEOUT": "300",
-}
-if os.environ.get("B300_ELASTIC_TEST_NET"):
-    _ENV["B300_NETNS_NET"] = os.environ["B300_ELASTIC_TEST_NET"]
-
-
-def _lc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **_ENV}
-    env.pop("SLURM_CONF", None)
-    return subprocess.run(["bash", str(CLUSTER), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def _must(*args: str) -> str:
-    proc = _lc(*args)
-    assert proc.returncode == 0, f"localcluster.sh {args}: {proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
+_SIDE = SideCluster("ELASTIC", "b300eltest", 17500, "/var/tmp/b300-elastic-test")
+_lc = _SIDE.lc
+_must = _SIDE.must
 
 
 @pytest.fixture(scope="module")
 def conf() -> Iterator[str]:
-    out = _must("up")
-    found = re.search(r"export SLURM_CONF=(\S+)", out)
-    assert found, out
-    try:
-        yield found.group(1)
-    finally:
-        _lc("down")
+    with _SIDE.running() as slurm_conf:
+        yield slurm_conf
 
 
 def _spec(tmp_path: Path) -> Path:
