@@ -30,18 +30,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..launcher.plan import atomic_write
+
 PLAN = "elastic.json"
 STATUS = "elastic-status.json"
 STEP_NAME = "b300-agent"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_plan(folder: str | Path, job_id: int) -> tuple[int, list[str]]:
@@ -63,7 +56,7 @@ def write_plan(folder: str | Path, job_id: int, generation: int, add: list[str])
     """The daemon's side: the nodes to start an agent on (all of them so far)."""
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path / PLAN, json.dumps({"job_id": job_id, "generation": generation,
+    atomic_write(path / PLAN, json.dumps({"job_id": job_id, "generation": generation,
                                            "add": sorted(set(add))}, sort_keys=True))
 
 
@@ -157,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         started_at[node] = time.time()
 
     def status() -> None:
-        _atomic_write(folder / STATUS, json.dumps({
+        atomic_write(folder / STATUS, json.dumps({
             "job_id": int(job_id), "batch_host": batch_host, "endpoint": endpoint,
             "running": sorted(n for n in agents if n not in ended), "ended": ended,
             "started_at": started_at}, sort_keys=True))

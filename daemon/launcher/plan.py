@@ -57,7 +57,7 @@ class Status:
     batch_host: str = ""   # the node running the launcher: its loss ends the job
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -135,7 +135,7 @@ def write_plan(folder: str | os.PathLike[str], plan: Plan) -> None:
     if current is not None and current.generation >= plan.generation:
         raise StalePlan(f"{path / PLAN}: generation {current.generation} is on disk; "
                         f"not writing generation {plan.generation}")
-    _atomic_write(path / PLAN, plan.to_json() + "\n")
+    atomic_write(path / PLAN, plan.to_json() + "\n")
 
 
 def read_status(folder: str | os.PathLike[str], job_id: int) -> Status | None:
@@ -157,7 +157,7 @@ def read_status(folder: str | os.PathLike[str], job_id: int) -> Status | None:
 
 
 def write_status(folder: str | os.PathLike[str], status: Status) -> None:
-    _atomic_write(Path(folder) / STATUS, json.dumps({
+    atomic_write(Path(folder) / STATUS, json.dumps({
         "job_id": status.job_id, "generation": status.generation, "state": status.state,
         "step_id": status.step_id, "nodes": status.nodes, "started_at": status.started_at,
         "exit_code": status.exit_code, "batch_host": status.batch_host or
