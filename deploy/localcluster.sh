@@ -849,8 +849,30 @@ cmd_restart_node() { # node (validated)
   return 0
 }
 
+cmd_revive() { # node (validated): slurmd running again, a DOWN/DRAIN lifted, back in service
+  local node=$1 s="" deadline last=-10
+  need_root
+  [[ -f $CONF ]] || die "no config at $CONF: run '$0 up' first"
+  with_lock
+  ctld_up || die "slurmctld is not running: run '$0 up'"
+  [[ -n $(first_pid slurmd "$node") ]] || start_slurmd "$node"
+  wait_slurmd_alive "$node"
+  deadline=$((SECONDS + 45))
+  while ((SECONDS < deadline)); do
+    s=$(timeout 10 sinfo -h -N -n "$node" -o '%T' 2>/dev/null | head -n1 || true)
+    healthy_state "$s" && { log "node $node is back ($s)"; return 0; }
+    # Responding (no '*') but held DOWN or DRAIN: lift it (again every 5 s while so).
+    if [[ $s =~ ^(down|drained|draining|drain|fail|failing)$ ]] && ((SECONDS - last >= 5)); then
+      timeout 10 scontrol update "NodeName=$node" State=RESUME >/dev/null 2>&1 || true
+      last=$SECONDS
+    fi
+    sleep 0.5
+  done
+  die "node $node not back in 45 s (slurmctld reports '$s')"
+}
+
 usage() {
-  echo "usage: $0 {up|down|status|env|restart-node NODE|kill-node NODE|freeze-node NODE|power-off NODE|power-on NODE|netem NODE ARGS...|partition NODE...|heal|login-link down|up}" >&2
+  echo "usage: $0 {up|down|status|env|restart-node NODE|revive NODE|kill-node NODE|freeze-node NODE|power-off NODE|power-on NODE|netem NODE ARGS...|partition NODE...|heal|login-link down|up}" >&2
   exit 2
 }
 
@@ -864,6 +886,7 @@ main() {
     kill-node) (($# == 2)) || usage; validate_node "$2"; cmd_kill_node "$2" ;;
     freeze-node) (($# == 2)) || usage; validate_node "$2"; cmd_freeze_node "$2" ;;
     restart-node) (($# == 2)) || usage; validate_node "$2"; cmd_restart_node "$2" ;;
+    revive) (($# == 2)) || usage; validate_node "$2"; cmd_revive "$2" ;;
     power-off) (($# == 2)) || usage; validate_node "$2"; cmd_power_off "$2" ;;
     power-on) (($# == 2)) || usage; validate_node "$2"; cmd_power_on "$2" ;;
     netem) (($# >= 3)) || usage; validate_node "$2"; cmd_netem "${@:2}" ;;

@@ -4,8 +4,8 @@ sets a flag, the training loop saves at the next step.
     usage: usr1_trainer.py CHECKPOINT_DIR [RESUME_FROM]
 
 Writes ``step_N/shard_{0..3}.pt`` (4 MiB each, 0.5 s apart) and then ``DONE`` (the
-``generic`` layout's completion marker). Used for the checkpoint schedule's example in docs/design/checkpoints.md; exec it
-from the batch script (``exec python3 usr1_trainer.py DIR {resume_from}``).
+``generic`` layout's completion marker). Used for the checkpoint schedule's example in
+docs/design/checkpoints.md; exec it from the batch script (``exec python3 usr1_trainer.py DIR {resume_from}``).
 """
 
 import os

@@ -250,11 +250,8 @@ def test_b300d_as_user_b300_drains_a_failed_node_and_recovers(installed: Install
         if ids:
             slurm_cmd(inst.slurm_conf, "scancel", *ids)
         for node in killed:
-            subprocess.run(["bash", str(CLUSTER), "restart-node", node], capture_output=True,
+            subprocess.run(["bash", str(CLUSTER), "revive", node], capture_output=True,
                            timeout=120, check=False)
-            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                           capture_output=True, timeout=30, check=False,
-                           env={"SLURM_CONF": inst.slurm_conf, "PATH": "/usr/bin:/bin"})
     assert daemon.returncode == 0, log.read_text()[-3000:]
 
 

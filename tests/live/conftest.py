@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 
@@ -17,8 +16,5 @@ def fresh_nodes(slurm_conf: str) -> Iterator[list[str]]:
     killed: list[str] = []
     yield killed
     for node in killed:
-        subprocess.run(["bash", str(CLUSTER), "restart-node", node], capture_output=True,
+        subprocess.run(["bash", str(CLUSTER), "revive", node], capture_output=True,
                        timeout=120, check=False)
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                       capture_output=True, timeout=30, check=False,
-                       env={"SLURM_CONF": slurm_conf, "PATH": os.environ["PATH"]})

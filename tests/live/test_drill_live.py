@@ -277,8 +277,6 @@ def test_a_crash_drill_with_active_detection_beats_slurm(
         cancel_test_jobs(slow_cluster.conf, d)
         if victim:   # the drill resumed it in Slurm; its slurmd, processes and sshd come back here
             slow_cluster.cmd("kill-node", victim)
-            slow_cluster.cmd("restart-node", victim)
-            subprocess.run(["scontrol", "update", f"NodeName={victim}", "State=RESUME"], check=False,
-                           capture_output=True, timeout=60, env={**os.environ, "SLURM_CONF": slow_cluster.conf})
+            slow_cluster.cmd("revive", victim)
             nl.dn.stop([node_sshd.nodes[victim]])   # reaps the sshd the crash stopped
             nl.dn.start([node_sshd.nodes[victim]])

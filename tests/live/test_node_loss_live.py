@@ -122,8 +122,7 @@ def _events(d: DaemonHandle, run_id: str, kind: str) -> list[dict[str, Any]]:
 
 def _bring_back(cluster: SlowCluster, sim: Sim, node: str) -> None:
     cluster.cmd("kill-node", node)     # the frozen processes (SIGKILL ends stopped ones)
-    cluster.cmd("restart-node", node)
-    slurm_cmd(cluster.conf, "scontrol", "update", f"NodeName={node}", "State=RESUME")
+    cluster.cmd("revive", node)
     dn.start([sim.nodes[node]])
 
 

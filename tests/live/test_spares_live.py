@@ -169,9 +169,8 @@ def killed(slurm_conf: str, node_sshd: Sim) -> Iterator[list[str]]:
     nodes: list[str] = []
     yield nodes
     for node in nodes:
-        subprocess.run(["bash", str(CLUSTER), "restart-node", node], capture_output=True,
+        subprocess.run(["bash", str(CLUSTER), "revive", node], capture_output=True,
                        timeout=120, check=False, env=_CLUSTER_ENV or None)
-        slurm_cmd(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=RESUME")
         dn.start([node_sshd.nodes[node]])
 
 
