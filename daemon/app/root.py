@@ -23,6 +23,7 @@ from ..config import Config, trigger_program
 from ..config.action_policy import action_policy
 from ..cycle.pipeline import PollCycle
 from ..cycle.requeues import RequeueReconciler
+from ..cycle.run_actions import RunActions
 from ..cycle.track import AttemptTracker
 from ..cycle.view import ClusterObserver
 from ..drift.scheduled import DriftWatch, make_drift_watch
@@ -41,7 +42,6 @@ from ..recovery.node_loss import NodeLossWatch
 from ..recovery.recoverer import Recoverer, job_log_path
 from ..recovery.relaunch import StepRelauncher
 from ..recovery.straggler_drain import StragglerDrainer
-from ..run_actions import RunActions
 from ..safety.mode import ACT, ActionPolicy, Withheld
 from ..scheduling import table as timed
 from ..spares.pools import SparePools, pool_user

@@ -27,6 +27,7 @@ from ..control.client import refusal
 from ..control.server import Peer, is_admin
 from ..control.status_view import status_view
 from ..cycle.node_actions import NodeActions
+from ..cycle.run_actions import RunActions
 from ..drift.scheduled import DriftWatch
 from ..drill.runner import DrillWatch
 from ..errors import B300Error, NotFoundError, UsageError
@@ -34,7 +35,6 @@ from ..ha.fence import Fence
 from ..ha.lease import FencedError
 from ..interfaces import SlurmClient, Store
 from ..model import Run, attempt_to_dict, run_to_dict
-from ..run_actions import RunActions
 from ..spec import parse_spec
 from ..triage.slurm import node_triage_request
 from . import requests as rq

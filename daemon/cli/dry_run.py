@@ -90,10 +90,10 @@ def plan_submission(ctx: Context, spec_path: str) -> DryRun:
     """Read the spec, the store (read-only) and the partition; change nothing."""
     from ..checkpoints.access import checkpoint_dir_problem
     from ..checkpoints.resume_point import newest_verified
+    from ..cycle.run_actions import new_run_id
     from ..events import STRIKE_RESETS, STRIKES
     from ..recovery.classify import BlackHolePolicy, black_holes, last_returns
     from ..recovery.exclusions import Exclusion, plan_exclusions
-    from ..run_actions import new_run_id
     from ..slurm.cli import CliSlurmClient, sbatch_argv
     from ..slurm.script import build_request
     from ..spec import load_spec_file, parse_spec

@@ -118,8 +118,8 @@ def _schedule(store: Store, run: Run, now: datetime) -> RunSchedule | None:
 
 def _exclusions(store: Store, attempt: Attempt) -> list[dict[str, str]]:
     """The attempt's exclusions, each with its cause and whether that still holds now."""
+    from ..cycle.run_actions import attempt_exclusions
     from ..recovery.exclusions import holds
-    from ..run_actions import attempt_exclusions
 
     found = attempt_exclusions(store, attempt)
     if not found:

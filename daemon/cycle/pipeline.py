@@ -43,11 +43,11 @@ from ..interfaces import SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord, RunState
 from ..recovery.hangs import HangWatch
 from ..recovery.recoverer import Recoverer
-from ..run_actions import RunActions
 from ..safety.faults import crashpoint
 from ..spares.pools import SparePools
 from ..training.health_step import TrainingWatch
 from .requeues import RequeueReconciler
+from .run_actions import RunActions
 from .track import AttemptTracker
 from .view import ClusterObserver
 

@@ -34,10 +34,10 @@ from ..model import Attempt, AttemptState, Event, NodeRecord
 from ..payloads import AttemptRequeued
 from ..recovery.classify import node_is_bad
 from ..recovery.exclusions import Exclusion
-from ..run_actions import RunActions
 from ..safety.faults import crashpoint
 from ..spec import spec_of
 from .node_actions import NodeActions, drained_by_us
+from .run_actions import RunActions
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]

@@ -9,7 +9,7 @@ the next cycle after a restart:
 - the classification, the node strikes and the drains of an attempt are
   recorded once (the attempt's ``outcome`` marks it classified);
 - draining a node already drained is skipped;
-- the resubmission is an intent (:class:`b300.run_actions.RunActions`), so it
+- the resubmission is an intent (:class:`b300.cycle.run_actions.RunActions`), so it
   reaches Slurm at most once.
 
 Before resubmitting, two training-health checks may end the run instead
@@ -34,6 +34,7 @@ import structlog
 from ..checkpoints.resume_point import newest_verified
 from ..config import RecoveryConfig
 from ..cycle.node_actions import NodeActions, drained_by_us
+from ..cycle.run_actions import RunActions
 from ..cycle.view import ClusterView
 from ..errors import B300Error, SlurmError
 from ..events import END_CAUSES, STRIKE_RESETS, STRIKES, Kind
@@ -41,7 +42,6 @@ from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, NodeRecord, Run, RunState
 from ..payloads import CheckpointSignal, TrainingExitIntent
 from ..plugin_registry import PluginRegistry
-from ..run_actions import RunActions
 from ..safety.faults import crashpoint
 from ..slurm.script import expand_output_pattern, output_pattern
 from ..spec import JobSpec, spec_of

@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from b300.cycle.pipeline import PollCycle
+from b300.cycle.run_actions import RunActions
 from b300.cycle.track import AttemptTracker
 from b300.cycle.view import ClusterObserver
 from b300.model import AttemptState
 from b300.ops.logs import configure_logging
-from b300.run_actions import RunActions
 from b300.slurm.cli import CliSlurmClient
 from b300.slurm.parse import parse_sbatch
 from b300.slurm.script import attempt_tag

@@ -255,10 +255,10 @@ def test_a_deferred_pooled_intent_is_placed_again_only_if_the_pool_still_fits(
     then fits and goes into the pool. Real Slurm, real store: nothing is faked."""
     from datetime import UTC, timedelta
 
+    from b300.cycle.run_actions import RunActions, new_run_id
     from b300.events import Kind
     from b300.interfaces import NewEvent
     from b300.plugin_registry import PluginRegistry
-    from b300.run_actions import RunActions, new_run_id
     from b300.slurm import make_slurm_client
     from b300.spares.pool_config import load_spares_config
     from b300.spares.pools import SparePools

@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from .cycle.observe import run_state_for
-from .errors import SlurmError, UsageError
-from .events import EXCLUSIONS, Kind
-from .interfaces import NewEvent, SlurmClient, Store
-from .model import Attempt, AttemptState, Run, RunState
-from .plugin_registry import PluginRegistry
-from .recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
-from .safety.faults import crashpoint
-from .slurm.parse import expand_nodes
-from .slurm.script import build_request
-from .spares.pool import pooled_reservation
-from .spec import JobSpec, spec_of
+from ..errors import SlurmError, UsageError
+from ..events import EXCLUSIONS, Kind
+from ..interfaces import NewEvent, SlurmClient, Store
+from ..model import Attempt, AttemptState, Run, RunState
+from ..plugin_registry import PluginRegistry
+from ..recovery.exclusions import Exclusion, ExclusionPlan, exclusions_of, plan_exclusions
+from ..safety.faults import crashpoint
+from ..slurm.parse import expand_nodes
+from ..slurm.script import build_request
+from ..spares.pool import pooled_reservation
+from ..spec import JobSpec, spec_of
+from .observe import run_state_for
 
 if TYPE_CHECKING:
-    from .spares.pool import Placement
+    from ..spares.pool import Placement
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -150,7 +150,7 @@ class RunActions:
         if resume_from is not None and not _PATH_RE.fullmatch(resume_from):
             raise UsageError(f"--from-checkpoint must be an absolute path, got {resume_from!r}")
         spec = spec_of(run)
-        from .checkpoints.resume_point import check_resume_path, newest_verified
+        from ..checkpoints.resume_point import check_resume_path, newest_verified
 
         if resume_from is not None and checked is None:
             check_resume_path(spec, run_id, resume_from, force=force, plugins=self._plugins)
