@@ -24,9 +24,10 @@ from datetime import datetime, timedelta
 import structlog
 
 from ..errors import B300Error
-from ..events import SCHEDULE
+from ..events import SCHEDULE, Kind
 from ..interfaces import CheckpointLayout, CheckpointRepository, SlurmClient, Store
 from ..model import Run, RunState
+from ..payloads import CheckpointOk, CheckpointOverdue, CheckpointSignal, Recorded
 from ..plugin_registry import PluginRegistry
 from ..spec import parse_spec
 from .cadence import HISTORY, ScheduleEnforcer
@@ -127,4 +128,13 @@ class CheckpointPass:
         if events:
             self._store.append_events(events, now)
             for e in events:
-                log.warning(e.kind, run=e.run_id, message=e.data.get("message"))
+                log.warning(e.kind, run=e.run_id, message=_message(e))
+
+
+def _message(e: Recorded) -> str:
+    """What an event of the checkpoint schedule says, in words."""
+    if e.kind == Kind.CHECKPOINT_OVERDUE:
+        return CheckpointOverdue.of(e).message
+    if e.kind == Kind.CHECKPOINT_SIGNAL:
+        return CheckpointSignal.of(e).message
+    return CheckpointOk.of(e).message if e.kind == Kind.CHECKPOINT_OK else ""

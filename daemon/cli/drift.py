@@ -49,6 +49,7 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
     from ..drift.baseline import expected_values
     from ..drift.scanner import finding_to_dict, reports_from_matrix
     from ..events import Kind
+    from ..payloads import DriftActionFailed
 
     cfg = ctx.config()
     store = ctx.open_store()
@@ -59,7 +60,7 @@ def run_show(ctx: Context, args: argparse.Namespace) -> int:
                     for o in drift.open_findings()]
         drained = drift.drained_nodes()
         failed: list[dict[str, Any]] = [] if last is None else [
-            {"ts": e.ts.isoformat(), "node": e.node, "error": e.data.get("error")}
+            {"ts": e.ts.isoformat(), "node": e.node, "error": DriftActionFailed.of(e).error or None}
             for e in store.events(kinds=[Kind.DRIFT_ACTION_FAILED], since=last[0])]
     finally:
         store.close()

@@ -53,6 +53,7 @@ def run_nodes(ctx: Context, args: argparse.Namespace) -> int:
 
 def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from ..events import DRAINS, NODE_HISTORY, Kind
+    from ..payloads import NodeDrained
 
     store = ctx.open_store()
     try:
@@ -72,7 +73,7 @@ def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             "suspect": sum(e.kind == Kind.NODE_SUSPECT for e in mine),
             "drained": len(drains), "resumed": sum(_returned(e) for e in mine),
             "runs": sorted({e.run_id for e in mine if e.run_id}),
-            "last_drain": drains[-1].data.get("reason") if drains else None,
+            "last_drain": (NodeDrained.of(drains[-1]).reason or None) if drains else None,
             "history": [{"ts": e.ts.isoformat(), "kind": e.kind, "run_id": e.run_id,
                          "actor": e.actor, "data": e.data}
                         for e in mine if e.kind != Kind.NODE_STATE][-_HISTORY_SHOWN:],
@@ -83,7 +84,7 @@ def _node_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 def _node_show(ctx: Context, node: str) -> dict[str, Any]:
     """One node's history: drains (with their cause), triages (checks, verdict), returns."""
     from ..events import NODE_HISTORY, TRIAGE, Kind
-    from ..payloads import TriageVerdict
+    from ..payloads import NodeDrained, TriageVerdict
     from ..triage.decide import cause_of
 
     store = ctx.open_store()
@@ -101,7 +102,7 @@ def _node_show(ctx: Context, node: str) -> dict[str, Any]:
             continue
         item: dict[str, Any] = {"ts": e.ts.isoformat(), "kind": e.kind, "actor": e.actor, "run_id": e.run_id}
         if e.kind in (Kind.NODE_DRAINED, Kind.DRIFT_DRAINED):
-            item["cause"] = cause_of(str(e.data.get("reason") or "b300: drift")) or "other"
+            item["cause"] = cause_of(NodeDrained.of(e).reason or "b300: drift") or "other"
         item["data"] = e.data
         history.append(item)
     verdicts = [e for e in events if e.kind == Kind.TRIAGE_VERDICT]
@@ -163,8 +164,9 @@ def _print_nodes(rows: list[dict[str, Any]]) -> None:
 def _returned(e: Event) -> bool:
     """An operator's resume, or the drift scan resuming a node it had drained."""
     from ..events import Kind
+    from ..payloads import DriftCleared
 
-    return e.kind == Kind.NODE_RESUMED or (e.kind == Kind.DRIFT_CLEARED and e.data.get("resumed") is True)
+    return e.kind == Kind.NODE_RESUMED or (e.kind == Kind.DRIFT_CLEARED and DriftCleared.of(e).resumed)
 
 
 def run_notify(ctx: Context, args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from ..errors import B300Error, UsageError
 from ..events import ACCOUNTING, Kind
 from ..interfaces import Store
 from ..model import Attempt, Run, attempt_to_dict, run_to_dict
+from ..payloads import AccountingUnavailable
 
 if TYPE_CHECKING:
     from ..checkpoints.advice import RunSchedule
@@ -78,7 +79,7 @@ def accounting_note(store: Store) -> str | None:
     last = store.events(kinds=list(ACCOUNTING))[-1:]
     if not last or last[0].kind != Kind.ACCOUNTING_UNAVAILABLE:
         return None
-    error = str(last[0].data.get("error") or "")
+    error = AccountingUnavailable.of(last[0]).error
     return (f"note: Slurm accounting (sacct/slurmdbd) has not answered since "
             f"{last[0].ts:%Y-%m-%d %H:%M:%S}Z ({error}); a job that ends meanwhile gets its exit "
             f"code once it answers, or none after [slurm] accounting_grace")

@@ -31,7 +31,7 @@ from ..errors import SlurmError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, Event, NodeRecord
-from ..payloads import AttemptRequeued
+from ..payloads import AttemptRequeued, NodeStrike
 from ..recovery.classify import node_is_bad
 from ..recovery.exclusions import Exclusion
 from ..safety.faults import crashpoint
@@ -114,7 +114,7 @@ class RequeueReconciler:
             later = [e.id for e in mine if e.kind == Kind.ATTEMPT_REQUEUED and e.id > req.id]
             until = later[0] if later else None  # the attempt's next requeue starts its own record
             struck = {e.node for e in mine if e.kind == Kind.NODE_FAILED and e.node
-                      and e.data.get("outcome") == "REQUEUED" and (until is None or e.id < until)}
+                      and NodeStrike.of(e).outcome == "REQUEUED" and (until is None or e.id < until)}
             todo = requeue_todo(req, attempt, struck=struck, nodes_now=nodes_now, now=now,
                                 settle_s=self._settle_s,
                                 drained={e.node for e in mine if e.kind == Kind.NODE_DRAINED and e.node},

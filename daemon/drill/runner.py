@@ -33,6 +33,7 @@ from ..errors import B300Error, NotFoundError, SlurmError, UsageError
 from ..events import DRILLS, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, Event
+from ..payloads import DrillFinished, DrillInjected
 from ..plugin_registry import PluginRegistry
 from ..recovery.hangs import read_progress
 from ..scheduling import table as timed
@@ -290,7 +291,7 @@ class DrillWatch:
     def status(self, drill_id: int) -> dict[str, Any]:
         """A drill's record: its events by kind (``started``, ``injected``, ``finished``)."""
         mine = [e for e in self._store.events(kinds=list(DRILLS), after_id=max(0, drill_id - 1))
-                if (e.id == drill_id and e.kind == Kind.DRILL_STARTED) or e.data.get("drill") == drill_id]
+                if _drill_of(e) == drill_id]
         if not mine or mine[0].kind != Kind.DRILL_STARTED:
             raise NotFoundError(f"unknown drill {drill_id}")
         out: dict[str, Any] = {"drill": drill_id, "run": mine[0].run_id}
@@ -305,3 +306,11 @@ class DrillWatch:
         by_id = {e.id: e for e in self._store.events(run_id=d.run_id, since=d.ts)}
         by_id.update((e.id, e) for e in self._store.events(node=d.node, since=d.ts))
         return list(by_id.values())
+
+
+def _drill_of(e: Event) -> int | None:
+    """The drill an event of :data:`b300.events.DRILLS` belongs to (a drill's id is the id of
+    its ``drill.started``)."""
+    if e.kind == Kind.DRILL_STARTED:
+        return e.id
+    return (DrillInjected.of(e).drill if e.kind == Kind.DRILL_INJECTED else DrillFinished.of(e).drill)

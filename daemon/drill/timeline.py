@@ -30,7 +30,7 @@ from typing import Any
 
 from ..events import Kind
 from ..model import Attempt, AttemptState, Event, Run, RunState
-from ..payloads import AttemptStateChange, DrillFinished, NodeState
+from ..payloads import AttemptIntent, AttemptStateChange, DrillFinished, NodeState
 
 METHODS = ("down", "crash")
 MAX_TIMEOUT_S = 3600.0
@@ -174,7 +174,7 @@ def drill_figures(start: DrillStart, events: Sequence[Event], attempts: Sequence
                        and _ended(AttemptStateChange.of(e).to_state)))
     drain = first(lambda e: e.kind == Kind.NODE_DRAINED and e.node == node)
     kept_off = first(lambda e: e.kind == Kind.ATTEMPT_INTENT and e.run_id == start.run_id
-                     and node in _names(e.data.get("exclude")))
+                     and node in AttemptIntent.of(e).exclude)
     resubmit = first(lambda e: e.kind == Kind.ATTEMPT_SUBMITTED and e.attempt_id in later_ids)
     allocation = first(lambda e: e.kind == Kind.ATTEMPT_STATE and e.attempt_id in later_ids
                        and AttemptStateChange.of(e).to_state == AttemptState.RUNNING.value)
@@ -216,14 +216,6 @@ def _ended(state: str) -> bool:
         return AttemptState(state).is_terminal
     except ValueError:
         return False
-
-
-def _names(value: object) -> set[str]:
-    if isinstance(value, str):
-        return {value}
-    if isinstance(value, list | tuple):
-        return {str(v) for v in value}
-    return set()
 
 
 def _int(value: object) -> int | None:

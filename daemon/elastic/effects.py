@@ -12,6 +12,7 @@ import structlog
 from ..events import Kind
 from ..interfaces import NewEvent, Store
 from ..model import Attempt, NodeRecord
+from ..payloads import AttemptStateChange
 from ..spec import JobSpec
 from . import host
 from .members import JOINED, FallBack, MemberLeft, Nothing, StartAgent, decide
@@ -23,9 +24,9 @@ def first_allocation(store: Store, attempt: Attempt) -> list[str]:
     """The attempt's nodes as Slurm first listed them (its first ``attempt.state`` with
     nodes; Slurm drops a DOWN node from a ``--no-kill`` job's list), else its nodes now."""
     for e in store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_STATE]):
-        nodes = e.data.get("nodes")
-        if e.attempt_id == attempt.id and isinstance(nodes, list) and nodes:
-            return [str(n) for n in nodes]
+        nodes = AttemptStateChange.of(e).nodes
+        if e.attempt_id == attempt.id and nodes:
+            return list(nodes)
     return list(attempt.nodes)
 
 

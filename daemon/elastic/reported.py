@@ -35,6 +35,7 @@ from ..errors import SlurmError, SpecError
 from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState, NodeRecord
+from ..payloads import AttemptNodeLost
 from ..slurm.script import launch_dir
 from ..spec import JobSpec, spec_of
 from . import host
@@ -146,7 +147,7 @@ class ReportedDeaths:
             Kind.ELASTIC_MEMBER_LEFT, Kind.ELASTIC_MEMBER_JOINED, Kind.ATTEMPT_NODE_LOST])
             if e.attempt_id == attempt.id]
         history = [(str(e.kind), e.data) for e in mine if e.kind != Kind.ATTEMPT_NODE_LOST]
-        lost = {str(n) for e in mine if e.kind == Kind.ATTEMPT_NODE_LOST for n in e.data.get("nodes") or ()}
+        lost = {n for e in mine if e.kind == Kind.ATTEMPT_NODE_LOST for n in AttemptNodeLost.of(e).nodes}
         folder = launch_dir(self._log_dir, attempt.run_id, attempt.number)
         todo = elastic_todo(spec, running=True, allocation=first_allocation(self._store, attempt),
                             history=history, lost=lost, nodes_now=nodes_now,

@@ -33,7 +33,14 @@ from ..errors import B300Error
 from ..events import ALERT_MARKS, DRAINS, TRAINING_FINDINGS, TRAINING_STOPS, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Event
-from ..payloads import TriageVerdict
+from ..payloads import (
+    AlertMark,
+    CheckpointOverdue,
+    LivenessPartition,
+    RecoveryStop,
+    TrainingFinding,
+    TriageVerdict,
+)
 from ..report.mail import alert_message, send_mail
 
 log = structlog.get_logger(__name__)
@@ -64,24 +71,23 @@ def alerts_for(new: Sequence[Event], recent_drains: Sequence[Event], drained_bur
     drains = sorted({e.id: e for e in [*recent_drains, *new] if e.kind in DRAINS}.values(),
                     key=lambda e: e.id)
     for e in new:
-        if e.kind == Kind.RECOVERY_BUDGET_SPENT:
-            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id} stopped: {e.data.get('why', '')}"[:300],
+        if e.kind in (Kind.RECOVERY_BUDGET_SPENT, *TRAINING_STOPS):
+            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id} stopped: {RecoveryStop.of(e).why}"[:300],
                                 run_id=e.run_id))
         elif e.kind == Kind.CHECKPOINT_OVERDUE:
-            alerts.append(Alert(e.id, e.kind, e.ts, str(e.data.get("message") or
-                                                        f"run {e.run_id}: checkpoint overdue")[:300],
+            alerts.append(Alert(e.id, e.kind, e.ts, (CheckpointOverdue.of(e).message or
+                                                     f"run {e.run_id}: checkpoint overdue")[:300],
                                 run_id=e.run_id))
         elif e.kind in TRAINING_FINDINGS:
             where = f" on {e.node}" if e.node else ""
-            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id}{where}: "
-                                f"{e.data.get('evidence', e.kind)}"[:300], run_id=e.run_id, node=e.node))
-        elif e.kind in TRAINING_STOPS:
-            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id} stopped: {e.data.get('why', '')}"[:300],
-                                run_id=e.run_id))
+            evidence = TrainingFinding.of(e).evidence or e.kind
+            alerts.append(Alert(e.id, e.kind, e.ts, f"run {e.run_id}{where}: {evidence}"[:300],
+                                run_id=e.run_id, node=e.node))
         elif e.kind == Kind.LIVENESS_PARTITION:
-            nodes = tuple(str(n) for n in e.data.get("nodes") or ())
+            partition = LivenessPartition.of(e)
+            nodes = partition.nodes
             listed = ", ".join(nodes[:20]) + (" ..." if len(nodes) > 20 else "")
-            checked = e.data.get("checked", "?")
+            checked = "?" if partition.checked is None else partition.checked
             alerts.append(Alert(e.id, e.kind, e.ts, f"{len(nodes)} of {checked} nodes silent "
                                 f"at once (network partition or the login node's link; nothing drained): "
                                 f"{listed}"[:300], nodes=nodes))
@@ -131,7 +137,7 @@ class AlertScanner:
     def _load_cursor(self) -> int:
         marks = self._store.events(kinds=list(ALERT_MARKS))
         if marks:
-            return max(int(e.data.get("last_id", 0)) for e in marks)
+            return max(AlertMark.of(e).last_id for e in marks)
         newest = 0
         while page := self._store.events(after_id=newest, limit=5000):
             newest = page[-1].id

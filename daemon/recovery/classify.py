@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from ..events import Kind
 from ..model import Attempt, AttemptState, Event, NodeRecord
-from ..payloads import NodeState
+from ..payloads import NodeState, NodeStrike
 from ..spec import JobSpec
 
 
@@ -316,7 +316,7 @@ def black_holes(
     by_node: dict[str, set[str]] = {}
     for e in strikes:
         if (not e.node or e.ts < since or e.kind not in (Kind.NODE_FAILED, Kind.NODE_SUSPECT)
-                or e.data.get("outcome") not in BLACK_HOLE_OUTCOMES):
+                or NodeStrike.of(e).outcome not in BLACK_HOLE_OUTCOMES):
             continue
         if e.node in back and e.ts <= back[e.node]:
             continue

@@ -7,13 +7,13 @@ figures and findings, and puts the week together (:func:`weekly_report`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..events import DRAINS, RETURNS, Kind
 from ..model import Event
-from ..payloads import DrillFinished
+from ..payloads import DriftCleared, DriftFinding, DrillFinished, NodeDrained, TrainingFigures, TrainingFinding
 from ..training.stats import median
 from ..triage.figures import TriageFigures
 from .ettr import (
@@ -152,24 +152,26 @@ def training_figures(f: RunFigures, events: Sequence[Event], window: Window) -> 
     per attempt and recovery frequency (``recovery.resubmit`` per day of the run's wall time)."""
     mine = [e for e in events if e.run_id == f.run_id and window.contains(e.ts)]
 
-    def med(key: str) -> float | None:
-        values = [float(v) for e in mine if e.kind == Kind.TRAINING_FIGURES
-                  and isinstance(v := e.data.get(key), int | float) and not isinstance(v, bool)]
-        return median(values) if values else None
+    figures = [TrainingFigures.of(e) for e in mine if e.kind == Kind.TRAINING_FIGURES]
+
+    def med(values: Iterable[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return median(known) if known else None
 
     recoveries = sum(e.kind == Kind.RECOVERY_RESUBMIT for e in mine)
     return TrainingRunFigures(
-        f.run_id, med("mfu"), med("tokens_per_s"), f.queue_s / f.attempts if f.attempts else None,
+        f.run_id, med(x.mfu for x in figures), med(x.tokens_per_s for x in figures),
+        f.queue_s / f.attempts if f.attempts else None,
         recoveries, recoveries / (f.wall_s / 86400) if f.wall_s > 0 else None)
 
 
 def training_findings(events: Sequence[Event], window: Window) -> tuple[TrainingFindingRow, ...]:
     """The loss spikes (and NaN losses) and stragglers of the window, oldest first."""
     kinds = (Kind.TRAINING_LOSS_SPIKE, Kind.TRAINING_LOSS_NAN, Kind.TRAINING_STRAGGLER)
+    found = [(e, TrainingFinding.of(e)) for e in events if e.kind in kinds and window.contains(e.ts)]
     rows = [TrainingFindingRow(e.ts, e.run_id or "?", e.kind.removeprefix("training."), e.node,
-                               step if isinstance(step := e.data.get("step"), int) else None,
-                               str(e.data.get("evidence", ""))[:200])
-            for e in events if e.kind in kinds and window.contains(e.ts)]
+                               t.step, t.evidence[:200])
+            for e, t in found]
     return tuple(sorted(rows, key=lambda r: r.ts))
 
 
@@ -232,12 +234,12 @@ def weekly_report(
         by_cause[i.cause] += 1
     in_window = [e for e in events if window.contains(e.ts)]
     def changes(kinds: tuple[str, ...]) -> tuple[NodeChange, ...]:
-        return tuple(NodeChange(e.ts, e.node or "?", e.kind, e.actor, str(e.data.get("reason") or ""))
+        return tuple(NodeChange(e.ts, e.node or "?", e.kind, e.actor, _reason(e))
                      for e in in_window if e.kind in kinds and e.node)
     drift: dict[str, int] = {}
     for e in in_window:
         if e.kind == Kind.DRIFT_FINDING:
-            probe = str(e.data.get("probe", "?"))
+            probe = DriftFinding.of(e).probe or "?"
             drift[probe] = drift.get(probe, 0) + 1
     notes: list[str] = []
     if not checkpoints_available:
@@ -258,3 +260,9 @@ def week_key(window: Window) -> str:
     year, week, _ = window.since.isocalendar()
     return f"{year}-W{week:02d}"
 
+
+def _reason(e: Event) -> str:
+    """The reason a node was drained, or brought back by the drift scan (a resume gives none)."""
+    if e.kind in DRAINS:
+        return NodeDrained.of(e).reason
+    return DriftCleared.of(e).reason if e.kind == Kind.DRIFT_CLEARED else ""

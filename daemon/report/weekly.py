@@ -28,6 +28,7 @@ from ..errors import B300Error
 from ..events import REPORT_DELIVERY, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Event
+from ..payloads import ReportDelivery
 from ..scheduling import table as timed
 from .collect import collect_report
 from .compute import Window, week_key
@@ -90,13 +91,13 @@ def send_weekly_report(store: Store, cfg: ReportConfig, now: datetime,
 
 def _week_events(store: Store, week: str) -> list[Event]:
     kinds = list(REPORT_DELIVERY)
-    return [e for e in store.events(kinds=kinds) if e.data.get("week") == week]
+    return [e for e in store.events(kinds=kinds) if ReportDelivery.of(e).week == week]
 
 
 def _retryable(seen: list[Event]) -> bool:
     """The week's last event is a failure that cannot have delivered the mail."""
     last = max(seen, key=lambda e: e.id)
-    return bool(last.kind == Kind.REPORT_FAILED and last.data.get("retry"))
+    return last.kind == Kind.REPORT_FAILED and ReportDelivery.of(last).retry
 
 
 def catch_up_weekly_report(store: Store, cfg: ReportConfig, now: datetime,

@@ -39,6 +39,7 @@ import structlog
 from ..events import TRAINING_FINDINGS, Kind
 from ..interfaces import NewEvent, Store
 from ..model import Attempt, AttemptState
+from ..payloads import TrainingFinding, TrainingProgressProblem
 from ..spec import JobSpec, spec_of
 from .detectors import MfuInputs, TrainingMonitor, TrainingSnapshot
 from .findings import Finding, FindingKind
@@ -262,14 +263,13 @@ class TrainingWatch:
             if e.attempt_id != attempt.id:
                 continue
             if e.kind == Kind.TRAINING_PROGRESS_PROBLEM:
-                w.problem_files.add(str(e.data.get("path", "")))
+                w.problem_files.add(TrainingProgressProblem.of(e).path)
             elif e.kind == Kind.TRAINING_EXIT_INTENT:
                 w.intent_recorded = True
             elif e.kind == Kind.TRAINING_FIGURES:
                 w.figures_at = e.ts
             else:
-                step = e.data.get("step")
-                w.known.add((e.kind, e.node, step if isinstance(step, int) else None))
+                w.known.add((e.kind, e.node, TrainingFinding.of(e).step))
         return w
 
     def _retune(self, w: _Watched, cfg: TrainingConfig) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from ..events import Kind
 from ..model import Event
-from ..payloads import TriageVerdict
+from ..payloads import DriftCleared, NodeDrained, TriageVerdict
 from .decide import cause_of
 
 
@@ -62,10 +62,10 @@ def triage_figures(events: Iterable[Event], start: datetime, end: datetime) -> T
         if e.kind in (Kind.NODE_DRAINED, Kind.DRIFT_DRAINED):
             if e.ts >= start:
                 cause = "drift" if e.kind == Kind.DRIFT_DRAINED else (
-                    cause_of(str(e.data.get("reason") or "")) or "other")
+                    cause_of(NodeDrained.of(e).reason) or "other")
                 by_cause[cause] = by_cause.get(cause, 0) + 1
             open_at.setdefault(e.node, e.ts)
-        elif e.kind == Kind.NODE_RESUMED or (e.kind == Kind.DRIFT_CLEARED and e.data.get("resumed") is True):
+        elif e.kind == Kind.NODE_RESUMED or (e.kind == Kind.DRIFT_CLEARED and DriftCleared.of(e).resumed):
             began = open_at.pop(e.node, None)
             if began is not None:
                 lost_s += (e.ts - max(began, start)).total_seconds() if e.ts >= start else 0.0

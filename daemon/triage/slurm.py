@@ -42,7 +42,7 @@ from ..errors import NotFoundError, SlurmError, UsageError
 from ..events import TRIAGE, Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Event, NodeObservation, SubmitRequest
-from ..payloads import TriageStarted
+from ..payloads import TriageReboot, TriageStarted
 from ..spares.pool import parse_reservations
 from ..spares.pools import daemon_user
 from . import node_check
@@ -213,7 +213,7 @@ class NodeTriage:
                 now: datetime) -> int:
         name = triage_name(f.node)
         reboot = h.rebooted
-        after = int(reboot.data.get("job_id") or 0) if reboot is not None else 0
+        after = (TriageReboot.of(reboot).job_id or 0) if reboot is not None else 0
         # After a reboot only the job that checks the node again counts (the first one ended).
         jobs = [j for j in self._slurm.find_by_name(name, since=f.started.ts) if j.job_id > after]
         started = TriageStarted.of(f.started)
@@ -245,7 +245,7 @@ class NodeTriage:
             return self._reboot(cfg, h, v.failed_check, v.evidence, job.job_id, seen, now)
         evidence = v.evidence
         if reboot is not None:
-            first = f"{reboot.data.get('evidence', '')}"
+            first = TriageReboot.of(reboot).evidence
             evidence = f"{'after a reboot' if v.verdict == 'pass' else 'again after a reboot'}: {evidence}" \
                        f" (before it: {first})"
         return self._verdict(cfg, f.node, h, v.verdict, v.failed_check, evidence[:400], list(v.checks),
@@ -328,7 +328,7 @@ class NodeTriage:
         if phase == SEND:
             return self._send_reboot(cfg, h, reboot.data, seen, now)
         if phase == FAILED:
-            evidence = f"{why}; before it: {reboot.data.get('evidence')}"[:400]
+            evidence = f"{why}; before it: {TriageReboot.of(reboot).evidence}"[:400]
             return self._verdict(cfg, f.node, h, "fail", "reboot", evidence, [], None, now, rebooted=True)
         if phase != REBOOTED:
             return 0
