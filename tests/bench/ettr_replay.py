@@ -14,8 +14,12 @@ GPUs, compressed ~74x at 150 s). The first four are one of each kind in a seeded
 then kinds are drawn by Llama 3's shares (FIELD-NOTES: ~64% hardware, of which faulty GPU
 30.1%, HBM3 17.2%, network 8.4%, ...):
 
-- ``crash`` (hardware): ``localcluster.sh kill-node`` on one of the run's nodes (slurmd
-  and the job's processes killed); the node is repaired (slurmd restarted, resumed) 90 s later;
+- ``crash`` (hardware): one of the run's nodes lost, repaired (slurmd restarted, resumed)
+  90 s later. ``--crash power-off`` (the default on a cluster brought up with
+  ``B300_NETNS=1``): ``localcluster.sh power-off``, the node's link down and its processes
+  killed, silent to every probe, as a node that loses power; ``--crash kill``:
+  ``localcluster.sh kill-node`` (slurmd and the job's processes killed; on a cluster without
+  namespaces the node's address is the login node's own, which still answers);
 - ``hang``: rank 0 stops making progress (``--hang-file``), its peer waits in the
   all-reduce; the daemon's hang detection (``[health] hang_timeout``) ends it;
 - ``error`` (a software fault): every rank exits 75 at the same step (``--error-file``),
@@ -71,9 +75,10 @@ def iso(t: float) -> str:
 
 
 def repair(node: str) -> None:
-    """A crashed node back in service: its slurmd restarted, the node resumed."""
-    sh("bash", str(CLUSTER), "restart-node", node, check=False, timeout=120)
-    sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    """A crashed node back in service: powered on (its link up), slurmd restarted, resumed."""
+    if os.environ.get("B300_NETNS") == "1":
+        sh("bash", str(CLUSTER), "power-on", node, check=False, timeout=120)
+    sh("bash", str(CLUSTER), "revive", node, check=False, timeout=120)
 
 
 def repair_due(repairs: list[tuple[float, str]], now: float) -> None:
@@ -138,10 +143,16 @@ def main() -> int:
     ap.add_argument("--step-time", type=float, default=0.5)
     ap.add_argument("--ckpt-every", type=int, default=40)
     ap.add_argument("--hang-timeout", default="60s", help="the spec's [health] hang_timeout (default 60s)")
+    netns = os.environ.get("B300_NETNS") == "1"
+    ap.add_argument("--crash", choices=["power-off", "kill"], default="power-off" if netns else "kill",
+                    help="how a node crashes (default: power-off on a B300_NETNS=1 cluster, else kill)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (store, logs, step log)")
     args = ap.parse_args()
     if not 120 <= args.duration <= 4 * 3600 or not 20 <= args.mean_between <= 3600:
         raise SystemExit("--duration: 120 s to 4 h; --mean-between: 20 s to 1 h")
+    if args.crash == "power-off" and not netns:
+        raise SystemExit("--crash power-off needs the cluster's network-namespace mode: B300_NETNS=1 "
+                         "(in the environment, as when the cluster was brought up)")
     conf = os.environ.get("SLURM_CONF") or sh("bash", str(CLUSTER), "env").splitlines()[0].split("=", 1)[1]
     os.environ["SLURM_CONF"] = conf
     if "urgent" not in sh("sinfo", "-h", "-o", "%R"):
@@ -207,7 +218,8 @@ def main() -> int:
                     rec = {"kind": kind, "at": round(now - t0, 1), "job": job, "node": node,
                            "step": p.get("step")}
                     if kind == "crash" and node:
-                        sh("bash", str(CLUSTER), "kill-node", node, check=False, timeout=120)
+                        sh("bash", str(CLUSTER), "power-off" if args.crash == "power-off" else "kill-node",
+                           node, check=False, timeout=120)
                         repairs.append((now + REPAIR_AFTER_S, node))
                     elif kind == "hang":
                         (run_dir / "inject-hang").write_text("hang\n")
@@ -265,6 +277,7 @@ def main() -> int:
     if keep:
         print(f"work directory kept: {keep}")
     print(json.dumps({"duration_s": args.duration, "mean_between_s": args.mean_between, "seed": args.seed,
+                      "crash": args.crash,
                       "injected": injected, "daemon": fig, "workload": wl}))
     return 0
 

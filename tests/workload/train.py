@@ -84,6 +84,26 @@ def _rendezvous_addr() -> str:
     return m.group(1) if m else "127.0.0.1"
 
 
+def _route_ifname(addr: str) -> str | None:
+    """The interface this host reaches ``addr`` through: the one holding it (rank 0's own
+    host), else the one ``ip route get`` names; None when ``ip`` cannot tell."""
+    import re
+    import subprocess
+    try:
+        held = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout
+        for line in held.splitlines():
+            parts = line.split()
+            if len(parts) > 3 and parts[2] == "inet" and parts[3].split("/")[0] == addr:
+                return parts[1]
+        out = subprocess.run(["ip", "-o", "route", "get", addr], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"\bdev (\S+)", out)
+    return m.group(1) if m else None
+
+
 def _atomic_json(path: Path, data: dict[str, object]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
@@ -165,7 +185,14 @@ def main() -> int:
     port = 21000 + (job_id + 7919 * step_id
                     + zlib.crc32(os.environ.get("SLURM_CLUSTER_NAME", "").encode())) % 20000
 
-    dist.init_process_group("gloo", init_method=f"tcp://{_rendezvous_addr()}:{port}", rank=rank,
+    addr = _rendezvous_addr()
+    if not addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo advertises the address of the host name (loopback here) unless told the
+        # interface: the one that reaches rank 0 (a node's own link in namespace mode).
+        ifname = _route_ifname(addr)
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                             world_size=world, timeout=__import__("datetime").timedelta(seconds=600))
     torch.manual_seed(0)
     # A regression with a noise floor: the loss falls to ~0.25 and stays noisy there, as a
