@@ -6,6 +6,13 @@ seen: no new step within ``hang_timeout`` (or no first step within
 ``startup_timeout``) is a hang, recorded as ``attempt.hang`` with the evidence,
 and the job is cancelled; recovery then resubmits it (outcome HANG).
 
+What to do is decided each cycle by :func:`hang_decision` (pure) from the attempt,
+its limits, the step read, the step seen before and whether an ``attempt.hang`` is
+already recorded for the attempt: a hang recorded before the daemon died, whose job
+still runs, is cancelled again on the next cycle (``scancel`` again is harmless),
+never recorded a second time nor timed again from zero. :class:`HangWatch` reads,
+asks, acts and records.
+
 The steps seen are also the run's progress record (``attempt.progress`` events:
 the first step, then at most every 5 minutes, and the last step an attempt
 reached), which the weekly report turns into restart and recompute times. They
@@ -20,6 +27,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
 
 import structlog
@@ -29,7 +37,8 @@ from ..events import Kind
 from ..interfaces import NewEvent, SlurmClient, Store
 from ..model import Attempt, AttemptState
 from ..payloads import AttemptProgress
-from ..spec import spec_of
+from ..safety.faults import crashpoint
+from ..spec import HealthPolicy, spec_of
 
 log = structlog.get_logger(__name__)
 Clock = Callable[[], datetime]
@@ -37,21 +46,99 @@ Clock = Callable[[], datetime]
 _PROGRESS_EVENT_EVERY = timedelta(minutes=5)
 
 
-@dataclass(slots=True)
-class _Progress:
+@dataclass(frozen=True, slots=True)
+class StepSeen:
+    """A step of an attempt as the watch first saw it."""
+
     step: str
-    since: datetime
+    since: datetime              # the cycle that first saw it
     at: datetime | None = None   # when the job wrote that step: the progress file's mtime
 
 
-def _written_at(path: str | None, attempt: Attempt, now: datetime) -> datetime | None:
-    """The progress file's mtime if it lies inside ``attempt`` (between its start, its end and
-    ``now``), else None: when the job wrote the step, which a poll sees up to one interval late."""
+class HangAction(StrEnum):
+    NOTHING = "nothing"
+    PROGRESS = "progress"            # a new step: the stall timer starts again
+    HANG = "hang"                    # record attempt.hang, then cancel the job
+    CANCEL = "cancel"                # attempt.hang recorded earlier and the job still runs: cancel again
+    HANG_WITHHELD = "hang_withheld"  # observe mode: record attempt.hang, withhold the cancel
+    WITHHELD = "withheld"            # observe mode, attempt.hang recorded earlier: the cancel stays withheld
+
+
+@dataclass(frozen=True, slots=True)
+class HangDecision:
+    action: HangAction
+    step: str = ""                 # the step read this cycle ('' none yet)
+    seen: StepSeen | None = None   # the step seen to keep for the next cycle
+    moved: bool = False            # ``seen`` is new this cycle (its attempt.progress may be due)
+    stalled_s: float = 0.0         # how long without a new step (of the limit that applies)
+
+    @property
+    def records_hang(self) -> bool:
+        return self.action in (HangAction.HANG, HangAction.HANG_WITHHELD)
+
+    @property
+    def cancels(self) -> bool:
+        return self.action in (HangAction.HANG, HangAction.CANCEL)
+
+    @property
+    def withholds(self) -> bool:
+        return self.action in (HangAction.HANG_WITHHELD, HangAction.WITHHELD)
+
+
+def hang_decision(attempt: Attempt, health: HealthPolicy, step: str, seen: StepSeen | None, *,
+                  hang_recorded: bool, withholding: bool, now: datetime,
+                  mtime: datetime | None = None) -> HangDecision:
+    """What the hang watch does about ``attempt`` this cycle (pure).
+
+    ``step``: the step read this cycle ('' none yet); ``seen``: the step seen before (None:
+    none, or a daemon that just started); ``hang_recorded``: an ``attempt.hang`` of this
+    attempt is in the event log; ``withholding``: observe mode, the cancel is withheld;
+    ``mtime``: the progress file's mtime, kept as when a new step was written if it lies
+    inside the attempt.
+
+    An attempt that is not RUNNING (or has no job, or whose spec names no progress file) is
+    left alone. A recorded hang of a running attempt is cancelled again, whatever the step,
+    and never recorded again. Otherwise a new step starts the timer again; no step yet is
+    measured from the attempt's start against ``startup_timeout_s``, an unchanged step from
+    when it was first seen against ``hang_timeout_s``."""
+    if attempt.state is not AttemptState.RUNNING or attempt.slurm_job_id is None \
+            or not health.progress_file:
+        return HangDecision(HangAction.NOTHING, step, seen)
+    moved = step != "" and (seen is None or seen.step != step)
+    if moved:
+        seen = StepSeen(step, now, _inside(mtime, attempt, now))
+    if hang_recorded and not withholding:
+        return HangDecision(HangAction.CANCEL, step, seen, moved)
+    if moved:
+        return HangDecision(HangAction.PROGRESS, step, seen, True)
+    if step == "" or seen is None:
+        since, limit = attempt.start or now, health.startup_timeout_s
+    else:
+        since, limit = seen.since, health.hang_timeout_s
+    stalled = (now - since).total_seconds()
+    if stalled < limit:
+        action = HangAction.NOTHING
+    elif hang_recorded:
+        action = HangAction.WITHHELD
+    else:
+        action = HangAction.HANG_WITHHELD if withholding else HangAction.HANG
+    return HangDecision(action, step, seen, stalled_s=stalled)
+
+
+def _mtime(path: str | None) -> datetime | None:
     if not path:
         return None
     try:
-        at = datetime.fromtimestamp(os.stat(path).st_mtime, UTC)
+        return datetime.fromtimestamp(os.stat(path).st_mtime, UTC)
     except (OSError, ValueError, OverflowError):
+        return None
+
+
+def _inside(at: datetime | None, attempt: Attempt, now: datetime) -> datetime | None:
+    """``at`` (the progress file's mtime) if it lies inside ``attempt`` (between its start, its
+    end and ``now``), else None: when the job wrote the step, which a poll sees up to one
+    interval late."""
+    if at is None:
         return None
     lo = attempt.start
     # Slurm's end time is in whole seconds: the job's last write may be up to 1 s past it.
@@ -59,16 +146,6 @@ def _written_at(path: str | None, attempt: Attempt, now: datetime) -> datetime |
     if (lo is not None and at < lo) or at > hi:
         return None
     return at
-
-
-def _older_than(path: str | None, start: datetime | None) -> bool:
-    """Whether the progress file (a plain path) was last written before ``start``."""
-    if not path or start is None:
-        return False
-    try:
-        return datetime.fromtimestamp(os.stat(path).st_mtime, UTC) < start
-    except (OSError, ValueError, OverflowError):
-        return False
 
 
 def _is_step(text: str) -> bool:
@@ -87,16 +164,15 @@ class HangWatch:
                  progress: Callable[[Attempt], str | None] | None = None,
                  withheld: Callable[..., None] | None = None) -> None:
         # withheld set (observe mode, recovery off): a hang is recorded once and its cancel
-        # withheld (b300.safety.mode.Withheld); the job is left running.
+        # withheld (b300.safety.mode.Withheld, once per daemon life); the job is left running.
         self._withheld = withheld
-        self._held: set[int] = set()
         # progress: the training watch's step of an attempt ('' none yet), None where it does not
         # read the attempt (then the progress file is read here, as a pre-v1 snapshot).
         self._progress_of = progress
         self._store = store
         self._slurm = slurm
         self._clock = clock
-        self._progress: dict[int, _Progress] = {}
+        self._progress: dict[int, StepSeen] = {}
         self._progress_recorded: dict[int, datetime] = {}
         # Steps already in the event log per attempt (read once per attempt, so a
         # restarted daemon does not record them again).
@@ -132,44 +208,46 @@ class HangWatch:
         return hung
 
     def _check_one(self, attempt: Attempt, now: datetime) -> int:
+        """Read, decide (:func:`hang_decision`), act, record."""
         assert attempt.slurm_job_id is not None
-        spec = spec_of(self._store.get_run(attempt.run_id))
-        if not spec.health.progress_file:
+        health = spec_of(self._store.get_run(attempt.run_id)).health
+        path = health.progress_file
+        if not path:
             return 0
         self._seed_progress(attempt)
         watched = self._progress_of(attempt) if self._progress_of is not None else None
-        if watched and _older_than(spec.health.progress_file, attempt.start):
-            watched = ""   # the snapshot an earlier attempt left: no step of this one yet
-        step = watched if watched is not None else read_progress(spec.health.progress_file, attempt.start)
-        seen = self._progress.get(attempt.id)
-        if step == "":
-            # No step yet in this attempt: it is still starting up.
-            since = attempt.start or now
-            limit = spec.health.startup_timeout_s
-        else:
-            if seen is None or seen.step != step:
-                at = _written_at(spec.health.progress_file, attempt, now)
-                self._progress[attempt.id] = _Progress(step, now, at)
-                self._record_progress(attempt, step, now, at)
-                return 0
-            since, limit = seen.since, spec.health.hang_timeout_s
-        stalled = (now - since).total_seconds()
-        if stalled < limit:
-            return 0
-        if attempt.id in self._held:
-            return 0
-        data = {"job_id": attempt.slurm_job_id, "last_step": step or None,
-                "stalled_s": round(stalled, 1), "progress_file": spec.health.progress_file}
-        self._store.append_events([NewEvent(Kind.ATTEMPT_HANG, run_id=attempt.run_id,
-                                            attempt_id=attempt.id, data=data)], now)
-        log.warning("attempt.hang", **data)
-        if self._withheld is not None:
-            self._held.add(attempt.id)
+        step = watched if watched is not None else read_progress(path, attempt.start)
+        mtime = _mtime(path)
+        if watched and mtime is not None and attempt.start is not None and mtime < attempt.start:
+            step = ""   # the snapshot an earlier attempt left: no step of this one yet
+        decision = hang_decision(attempt, health, step, self._progress.get(attempt.id),
+                                 hang_recorded=self._hang_recorded(attempt),
+                                 withholding=self._withheld is not None, now=now, mtime=mtime)
+        if decision.moved and decision.seen is not None:
+            self._progress[attempt.id] = decision.seen
+            self._record_progress(attempt, step, now, decision.seen.at)
+        if decision.records_hang:
+            data = {"job_id": attempt.slurm_job_id, "last_step": step or None,
+                    "stalled_s": round(decision.stalled_s, 1), "progress_file": path}
+            self._store.append_events([NewEvent(Kind.ATTEMPT_HANG, run_id=attempt.run_id,
+                                                attempt_id=attempt.id, data=data)], now)
+            log.warning("attempt.hang", **data)
+            crashpoint("hang_recorded", attempt.number)
+        if decision.withholds and self._withheld is not None:
             self._withheld("cancel", f"job {attempt.slurm_job_id}", now, run_id=attempt.run_id,
-                           detail=f"no progress for {stalled:.0f} s (hang_timeout)")
+                           detail=f"no progress for {decision.stalled_s:.0f} s (hang_timeout)")
             return 0
+        if not decision.cancels:
+            return 0
+        if decision.action is HangAction.CANCEL:
+            log.info("hangs.cancel_again", reason="attempt.hang recorded, the job still runs")
         self._slurm.cancel(attempt.slurm_job_id)
         return 1
+
+    def _hang_recorded(self, attempt: Attempt) -> bool:
+        """Whether the event log holds an ``attempt.hang`` of ``attempt`` (read every cycle)."""
+        return any(e.attempt_id == attempt.id
+                   for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_HANG]))
 
     def _seed_progress(self, attempt: Attempt) -> None:
         """What an earlier daemon already recorded of this attempt's progress (once)."""
@@ -197,7 +275,7 @@ class HangWatch:
                                             attempt_id=attempt.id,
                                             data={"step": int(step), **_at_field(at)})], now)
 
-    def _record_last_progress(self, attempt_id: int, seen: _Progress) -> None:
+    def _record_last_progress(self, attempt_id: int, seen: StepSeen) -> None:
         """The last step an ended attempt reached, stamped when it was first seen (if not recorded
         yet): the steps after its checkpoint that the next attempt must redo.
 
@@ -207,11 +285,12 @@ class HangWatch:
         attempt = self._store.get_attempt(attempt_id)
         spec = spec_of(self._store.get_run(attempt.run_id))
         now = self._clock()
-        final = read_progress(spec.health.progress_file, attempt.start) if spec.health.progress_file else ""
-        at = _written_at(spec.health.progress_file, attempt, now) if _is_step(final) else None
+        path = spec.health.progress_file
+        final = read_progress(path, attempt.start) if path else ""
+        at = _inside(_mtime(path), attempt, now) if _is_step(final) else None
         if at is not None and _is_step(seen.step) and int(final) > int(seen.step) \
                 and (seen.at is None or at >= seen.at):
-            seen = _Progress(final, now, at)
+            seen = StepSeen(final, now, at)
         recorded = self._progress_recorded.get(attempt_id)
         if not _is_step(seen.step) or (recorded is not None and recorded >= seen.since):
             return

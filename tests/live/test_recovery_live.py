@@ -10,9 +10,11 @@ Slurm job of the run was active at once.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,12 @@ def _progress(tmp_path: Path) -> int:
 def _history(tmp_path: Path) -> list[dict[str, Any]]:
     lines = (tmp_path / "run" / "history.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+def _injected(tmp_path: Path) -> list[dict[str, Any]]:
+    """What the workload's fault knobs did (``injected.jsonl`` beside the checkpoint folder)."""
+    path = tmp_path / "run" / "injected.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _node_reason(conf: str, node: str) -> tuple[str, str]:
@@ -173,6 +181,48 @@ def test_hung_job_is_cancelled_and_resubmitted(tmp_path: Path, slurm_conf: str) 
         assert a2["resume_from"].endswith("step_000010")
         assert _history(tmp_path)[-1]["start_step"] == 10
         assert not [e for e in status["events"] if e["kind"] == "node.drained"]
+    finally:
+        d.cleanup()
+
+
+def test_daemon_killed_between_hang_record_and_cancel_cancels_once(tmp_path: Path, slurm_conf: str) -> None:
+    """b300d dies (B300_CRASH_AT=hang_recorded) right after committing ``attempt.hang``, before
+    its scancel. Restarted, it cancels the still-running job on its first cycles, not after
+    another hang_timeout of timing the step from zero; the hang is recorded once and recovery
+    submits one new attempt."""
+    hang_timeout = 30
+    hang_file = tmp_path / "hang-now"
+    d = _start(tmp_path, slurm_conf, env={"B300_CRASH_AT": "hang_recorded"})
+    try:
+        run_id = d.submit(_spec(tmp_path, "hangcrash", "--hang-file", str(hang_file),
+                                hang_timeout=f"{hang_timeout}s"))
+        job = d.wait_run(run_id, {"RUNNING"}, timeout=120)["attempts"][0]["job_id"]
+        wait_for(lambda: _progress(tmp_path) >= 6, 120, "training to pass step 6")
+        hang_file.touch()
+        wait_for(lambda: d.proc is not None and d.proc.poll() is not None, hang_timeout + 150,
+                 "b300d to die right after recording the hang")
+        assert d.proc is not None and d.proc.returncode == -signal.SIGKILL
+        # Killed between the two: the job was never cancelled and still runs.
+        state = slurm_cmd(slurm_conf, "squeue", "--noheader", f"--jobs={job}", "--format=%T")
+        assert state.strip() == "RUNNING"
+        [hung_at] = [r["step"] for r in _injected(tmp_path) if r["what"] == "hang"]
+        restarted = time.time()
+        d.start()
+        status = d.wait_run(run_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+        assert status["run"]["state"] == "COMPLETED"
+        a1, a2 = status["attempts"]
+        assert a1["job_id"] == job and a1["state"] == "CANCELLED"
+        # Cancelled by the restarted daemon before a new hang_timeout could have run out (Slurm's
+        # end time is in whole seconds, hence the second).
+        assert _ts(a1["end"]) < restarted + hang_timeout - 1, (a1["end"], restarted)
+        hang = [e for e in status["events"] if e["kind"] == "attempt.hang"]
+        assert len(hang) == 1 and hang[0]["data"]["last_step"] == str(hung_at)
+        [classified] = [e for e in status["events"] if e["kind"] == "attempt.classified"]
+        assert classified["data"]["outcome"] == "HANG"
+        jobs = slurm_cmd(slurm_conf, "sacct", "-X", "-n", "-P", "--format=JobID",
+                         f"--name={a2['tag']}", "-S", "now-1hour").split()
+        assert jobs == [str(a2["job_id"])]
+        assert json.loads((tmp_path / "run" / "done.json").read_text())["attempt"] == 2
     finally:
         d.cleanup()
 
