@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from b300.liveness import mmsg
 from b300.liveness.batch import Answer, checksum, run_batch
-from b300.liveness.icmp import IcmpProber, echo_packets, open_icmp_socket
+from b300.liveness.icmp import IcmpProber, echo_packets, open_icmp_socket, write_echo_packets
 from b300.liveness.verdicts import CheckOutcome, Target
 
 
@@ -31,6 +31,19 @@ def test_every_echo_request_carries_its_sequence_and_a_valid_checksum(count: int
         kind, code, _sum, got_ident, seq = struct.unpack("!BBHHH", packet[:8])
         assert (kind, code, got_ident, seq, packet[8:]) == (8, 0, ident, base + i, token)
         assert checksum(packet) == 0  # RFC 1071: a packet with its checksum sums to zero
+
+
+@given(st.integers(1, 600), st.integers(0, 0xFFFF), st.integers(0, 0xFFFF), st.binary(min_size=8, max_size=8),
+       st.binary(min_size=1, max_size=64))
+@settings(max_examples=100)
+def test_requests_written_in_place_over_the_last_rounds_are_the_same(count: int, ident: int, base: int,
+                                                                      token: bytes, old: bytes) -> None:
+    base = min(base, 65536 - count)
+    buf = bytearray((old * (1 + 16 * (count + 1) // len(old)))[:16 * (count + 1)])  # one packet more
+    tail = bytes(buf[16 * count:])
+    write_echo_packets(memoryview(buf), count, ident, base, token)
+    assert bytes(buf[:16 * count]) == echo_packets(count, ident, base, token)
+    assert bytes(buf[16 * count:]) == tail
 
 
 def test_the_checksum_wraps_where_the_sum_does() -> None:
