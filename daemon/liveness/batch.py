@@ -25,9 +25,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import attrgetter
-from typing import Protocol, cast
+from typing import Protocol
 
 from .verdicts import CheckOutcome, CheckResult, Target
 
@@ -158,26 +156,11 @@ def round_results(targets: Sequence[Target], results: dict[int, CheckResult], *,
 
 def _collect(answers: list[Answer], targets: Sequence[Target], sent: dict[int, float],
              results: dict[int, CheckResult], now: float) -> None:
-    """The answers into ``results``; a late or duplicate answer of a probe already decided
-    is ignored. A read's answers go in together (no Python step per answer) when each is
-    the first for a probe in flight, the common case."""
-    if not answers:
-        return
-    positions, outcomes, details = zip(*answers, strict=True)
-    ats = list(map(sent.pop, positions, repeat(None)))
-    if None in ats:  # (a second answer for one probe finds it decided: None too)
-        for position, at in zip(positions, ats, strict=True):  # put back, then one by one
-            if at is not None:
-                sent[position] = at
-        for position, outcome, detail in answers:
-            at = sent.pop(position, None)
-            if at is not None:
-                results[position] = CheckResult(targets[position].node, outcome, now - at, detail)
-        return
-    nodes = map(attrgetter("node"), map(targets.__getitem__, positions))
-    latencies = map(now.__sub__, cast(list[float], ats))
-    made = map(tuple.__new__, repeat(CheckResult), zip(nodes, outcomes, latencies, details, strict=True))
-    results.update(zip(positions, made, strict=True))
+    pop = sent.pop
+    for position, outcome, detail in answers:
+        at = pop(position, None)
+        if at is not None:  # a late or duplicate answer of a probe already decided is ignored
+            results[position] = CheckResult(targets[position].node, outcome, now - at, detail)
 
 
 def _send_failed(t: Target, rc: int) -> CheckResult:

@@ -209,7 +209,8 @@ class _EchoSocket:
         # What every slot of a batched read of echo replies holds, column by column (_batch_ok).
         slots = mmsg.RING_SLOTS
         self._lead = bytes([_IPV4_NO_OPTIONS]) * slots
-        self._ident_bytes = bytes([self._ident >> 8]) * slots + bytes([self._ident & 0xFF]) * slots
+        self._ident_high = bytes([self._ident >> 8]) * slots
+        self._ident_low = bytes([self._ident & 0xFF]) * slots
         self._token_bytes = [bytes([b]) * slots for b in self._token]
         self._offsets = _offsets(self._base)
         self._oks = [CheckOutcome.OK] * slots
@@ -344,7 +345,8 @@ class _EchoSocket:
             if min(lens) < 36 or blob[0::size] != self._lead[:got]:
                 return False
             sources = memoryview(blob).cast("I")[3::size // 4].tolist()
-            if blob[header + 4::size] + blob[header + 5::size] != self._ident_bytes[:2 * got]:
+            if blob[header + 4::size] != self._ident_high[:got] \
+                    or blob[header + 5::size] != self._ident_low[:got]:
                 return False
         if blob[header::size] != bytes(got):  # type 0: echo reply
             return False
