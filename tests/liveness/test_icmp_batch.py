@@ -219,8 +219,8 @@ def test_a_read_of_replies_counts_as_a_whole_only_when_every_slot_is_ours(got: i
             "token": blob[:at + 28] + bytes([blob[at + 28] ^ 1]) + blob[at + 29:],
             "identifier": blob[:at + 24] + bytes([blob[at + 24] ^ 1]) + blob[at + 25:],
             "sender": blob[:at + 12] + socket.inet_aton(targets[positions[bad] + 1].host) + blob[at + 16:],
-            "position": _reply_slots(sock, positions[:bad] + [600] + positions[bad + 1:],
-                                     sources[:bad] + [socket.inet_aton("127.9.9.9")] + sources[bad + 1:])[0],
+            "position": _reply_slots(sock, [*positions[:bad], 600, *positions[bad + 1:]],
+                                     [*sources[:bad], socket.inet_aton("127.9.9.9"), *sources[bad + 1:]])[0],
             "type": blob[:at + 20] + bytes([8]) + blob[at + 21:],
         }
         for what, data in broken.items():
