@@ -142,6 +142,8 @@ def round_results(targets: Sequence[Target], results: dict[int, CheckResult], *,
     a round whose loop woke up later than asked by more than half the timeout (the daemon
     starved of CPU, stopped) reports its timeouts as NOT_CHECKED: the silence was ours."""
     stalled = late > timeout_s / 2
+    if len(results) == len(targets) and not stalled:  # every target has its result
+        return list(map(results.__getitem__, range(len(targets))))
     out = []
     for i, t in enumerate(targets):
         r = results.get(i) or CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, unsent)
@@ -154,8 +156,9 @@ def round_results(targets: Sequence[Target], results: dict[int, CheckResult], *,
 
 def _collect(answers: list[Answer], targets: Sequence[Target], sent: dict[int, float],
              results: dict[int, CheckResult], now: float) -> None:
+    pop = sent.pop
     for position, outcome, detail in answers:
-        at = sent.pop(position, None)
+        at = pop(position, None)
         if at is not None:  # a late or duplicate answer of a probe already decided is ignored
             results[position] = CheckResult(targets[position].node, outcome, now - at, detail)
 

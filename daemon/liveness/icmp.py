@@ -27,6 +27,7 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from . import mmsg
 from .batch import (
@@ -60,6 +61,8 @@ _RAW_SLOT = struct.Struct(f"!B11x4s4xBxxxHH8s{mmsg.SLOT_SIZE - 36}x")
 _DGRAM_SLOT = struct.Struct(f"!BxxxHH8s{mmsg.SLOT_SIZE - 16}x")
 _NAME = struct.Struct("4x4s8x")
 _IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+_HOST = attrgetter("host")
+_SOL_RAW, _ICMP_FILTER = 255, 1  # linux/icmp.h: the ICMP types a raw socket turns away (a bit each)
 _IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 
 
@@ -104,7 +107,7 @@ class IcmpProber:
         except OSError as exc:
             return [CheckResult(t.node, CheckOutcome.NOT_CHECKED, 0.0, f"icmp: {exc.strerror}")
                     for t in targets]
-        hosts = tuple(t.host for t in targets)
+        hosts = tuple(map(_HOST, targets))
         if self._plan is None or self._plan.hosts != hosts:  # the nodes in use changed
             self._plan = _Plan(hosts)
         with sock:
@@ -123,35 +126,66 @@ class _Plan:
         self.addrs: list[bytes | None] = [
             None if ":" in h or i >= _MAX_TARGETS else socket.inet_aton(h) for i, h in enumerate(hosts)]
         self.unsendable = [i for i, a in enumerate(self.addrs) if a is None]
+        # Each position's address as the 32-bit word a read slot holds (no address: -1),
+        # for every sequence offset a round can have: a reply's offset indexes it as is.
+        words = [-1 if a is None else int.from_bytes(a, sys.byteorder) for a in self.addrs[:_MAX_TARGETS]]
+        self.words = words + [-1] * (_MAX_TARGETS - len(words))
         self.batch = mmsg.SendBatch([a or bytes(4) for a in self.addrs], _PACKET) if mmsg.available() else None
         self.ring = mmsg.RecvRing() if self.batch is not None else None
+
+
+def _network_words(values: range) -> array[int]:
+    words = array("H", values)
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words
+
+
+# Every 16-bit value in network byte order, rising (a sequence number) and falling from
+# 0xFFFE (a checksum: 0xFFFF is not one): a round's requests take a slice of each.
+_RISING = _network_words(range(_MAX_TARGETS))
+_FALLING = _network_words(range(0xFFFE, -1, -1))
 
 
 def echo_packets(count: int, ident: int, base: int, token: bytes) -> bytes:
     """``count`` echo requests of :data:`_PACKET` bytes, request i with sequence number
     ``base + i`` (``base + count`` <= 65,536) and the 8-byte ``token`` as payload, each with
-    its checksum (pure).
+    its checksum (pure)."""
+    buf = bytearray(count * _PACKET)
+    write_echo_packets(memoryview(buf), count, ident, base, token)
+    return bytes(buf)
 
-    Built without a Python step per packet: the requests differ only in the sequence
-    number and the checksum; as the sequence grows by one the one's-complement sum grows
-    by one and the checksum (its complement) falls by one, wrapping from 0 to 0xFFFE."""
+
+def write_echo_packets(buf: memoryview, count: int, ident: int, base: int, token: bytes) -> None:
+    """:func:`echo_packets` written over the first ``count * 16`` bytes of ``buf`` in place
+    (a round writes them into the send buffers kept from round to round).
+
+    Written without a Python step per packet, a field at a time for all packets: the
+    requests differ only in the sequence number and the checksum; as the sequence grows by
+    one the one's-complement sum grows by one and the checksum (its complement) falls by
+    one, wrapping from 0 to 0xFFFE."""
     if base < 0 or base + count > _MAX_TARGETS or len(token) != 8:
         raise ValueError(f"{count} requests from sequence {base} with a token of {len(token)} bytes")
+    if count == 0:
+        return
     template = _HEADER.pack(_ECHO_REQUEST, 0, 0, ident, 0) + token
-    buf = bytearray(template * count)
     first = (_ones_sum(template) + base - 1) % 0xFFFF  # the sum of request 0, less one, mod 0xFFFF
-    sums = array("H", range(0xFFFE - first, -1, -1))
+    sums = _FALLING[first:first + count]  # 0xFFFE - first, one less each, and on from 0xFFFE
     if len(sums) < count:
-        sums.extend(range(0xFFFE, 0xFFFE - (count - len(sums)), -1))
-    del sums[count:]
-    seqs = array("H", range(base, base + count))
-    if sys.byteorder == "little":
-        sums.byteswap()
-        seqs.byteswap()
-    words = memoryview(buf).cast("H")
+        sums.extend(_FALLING[:count - len(sums)])
+    seqs = _RISING[base:base + count]
+    buf[:count * _PACKET] = template * count  # what every request shares
+    words = buf[:count * _PACKET].cast("H")
     words[1::_PACKET // 2] = sums
     words[3::_PACKET // 2] = seqs
-    return bytes(buf)
+
+
+_SEQUENCES = list(range(_MAX_TARGETS))
+
+
+def _offsets(base: int) -> list[int]:
+    """For each sequence number, its offset from ``base`` (mod 65,536): the position it names."""
+    return _SEQUENCES[_MAX_TARGETS - base:] + _SEQUENCES[:_MAX_TARGETS - base]
 
 
 class _EchoSocket:
@@ -167,9 +201,20 @@ class _EchoSocket:
         # Sequence numbers base .. base + count - 1: no wrap inside a round.
         self._base = int.from_bytes(os.urandom(3), "big") % (_MAX_TARGETS - count + 1)
         self._token = os.urandom(8)
-        self._packets = echo_packets(count, self._ident, self._base, self._token)
-        if plan.batch is not None:
-            plan.batch.fill(self._packets + bytes(_PACKET * (len(targets) - count)))
+        if plan.batch is not None:  # written in place over the last round's
+            write_echo_packets(plan.batch.packets(), count, self._ident, self._base, self._token)
+            self._packets = b""
+        else:
+            self._packets = echo_packets(count, self._ident, self._base, self._token)
+        # What every slot of a batched read of echo replies holds, column by column (_batch_ok).
+        slots = mmsg.RING_SLOTS
+        self._lead = bytes([_IPV4_NO_OPTIONS]) * slots
+        self._ident_high = bytes([self._ident >> 8]) * slots
+        self._ident_low = bytes([self._ident & 0xFF]) * slots
+        self._token_bytes = [bytes([b]) * slots for b in self._token]
+        self._offsets = _offsets(self._base)
+        self._oks = [CheckOutcome.OK] * slots
+        self._oks_detail = ["echo reply"] * slots
         sock.setblocking(False)
         for size in (1 << 22, 1 << 20):  # room for a round's replies (the kernel may cap it)
             try:
@@ -185,7 +230,12 @@ class _EchoSocket:
             sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
         else:
             # A raw socket gets every ICMP packet of the host: keep echo replies with our
-            # identifier and the errors (unreachable, time exceeded), nothing else.
+            # identifier and the errors (unreachable, time exceeded), nothing else. The
+            # kernel's ICMP type filter turns the other types away before it copies them
+            # for the socket; the program below then checks the identifier.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(_SOL_RAW, _ICMP_FILTER, struct.pack(
+                    "=I", ~((1 << _ECHO_REPLY) | (1 << _UNREACH) | (1 << _TIME_EXCEEDED)) & 0xFFFFFFFF))
             attach_filter(sock, [
                 (LDX_IP_HEADER_LEN, 0, 0, 0), (LD_BYTE_AT_X, 0, 0, 0),
                 (JEQ, 0, 2, _ECHO_REPLY), (LD_HALF_AT_X, 0, 0, 4), (JEQ, 2, 3, self._ident),
@@ -248,9 +298,16 @@ class _EchoSocket:
         return out
 
     def _slots(self, got: int, blob: bytes, lens: list[int], names: bytes, out: list[Answer]) -> None:
-        """The packets of one batched read (b300.liveness.mmsg.RecvRing): the fields of an
-        echo reply are read for every slot at once (``iter_unpack``); a slot that is not a
-        whole echo reply (an IP header with options, an ICMP error) goes through :meth:`_parse`."""
+        """The packets of one batched read (b300.liveness.mmsg.RecvRing).
+
+        First for the whole read at once, with no Python step per packet: when every slot
+        is a whole echo reply (no IP options) of this round (type, token and, on a raw
+        socket, identifier) from the address its sequence number names, all are answers.
+        Else slot by slot: the fields of an echo reply read for every slot at once
+        (``iter_unpack``); a slot that is not one (an ICMP error, an IP header with
+        options) goes through :meth:`_parse`."""
+        if self._batch_ok(got, blob, lens, names, out):
+            return
         addrs, count, base = self._plan.addrs, len(self._targets), self._base
         token, ident = self._token, self._ident
         raw = not self._dgram
@@ -273,6 +330,38 @@ class _EchoSocket:
                     answer = self._parse(blob[o:o + size], socket.inet_ntoa(blob[o + 12:o + 16]))
                     if answer is not None:
                         out.append(answer)
+
+    def _batch_ok(self, got: int, blob: bytes, lens: list[int], names: bytes, out: list[Answer]) -> bool:
+        """:meth:`_slots` for a read of this round's echo replies only: True when every slot
+        is one (their answers are added to ``out``), False (nothing added) otherwise."""
+        size = mmsg.SLOT_SIZE
+        if self._dgram:
+            header = 0  # the ICMP header starts the slot; the sender is in its sockaddr_in
+            sources = memoryview(names).cast("I")[1::4].tolist()
+            if min(lens) < 16:
+                return False
+        else:
+            header = 20  # the IP header (20 bytes: no options) and the sender's address in it
+            if min(lens) < 36 or blob[0::size] != self._lead[:got]:
+                return False
+            sources = memoryview(blob).cast("I")[3::size // 4].tolist()
+            if blob[header + 4::size] != self._ident_high[:got] \
+                    or blob[header + 5::size] != self._ident_low[:got]:
+                return False
+        if blob[header::size] != bytes(got):  # type 0: echo reply
+            return False
+        for k in range(8):  # the round's token, byte by byte across the slots
+            if blob[header + 8 + k::size] != self._token_bytes[k][:got]:
+                return False
+        seqs = array("H", memoryview(blob).cast("H")[(header + 6) // 2::size // 2].tobytes())
+        if sys.byteorder == "little":
+            seqs.byteswap()
+        positions = list(map(self._offsets.__getitem__, seqs))
+        if max(positions) >= len(self._targets) \
+                or list(map(self._plan.words.__getitem__, positions)) != sources:
+            return False
+        out.extend(zip(positions, self._oks[:got], self._oks_detail[:got], strict=True))
+        return True
 
     def _position(self, seq: int, token: bytes, host: str | None) -> int | None:
         position = (seq - self._base) & 0xFFFF

@@ -59,6 +59,7 @@ class NodeLiveness:
     confirm_failed: str = ""                  # the failed confirmation's text, while SUSPECT
     confirmed_at: datetime | None = None      # the last confirmation's time, while SPLIT
     recent: tuple[str, ...] = ()
+    answering: bool = False                   # OK, and every check since the last evidence line answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,15 +76,24 @@ class Step:
 def observe_checks(states: Mapping[str, NodeLiveness], results: Sequence[CheckResult], now: datetime,
                    config: LivenessConfig) -> Step:
     """Fold one round of primary checks into ``states``."""
-    silent = [r for r in results if r.outcome in _SILENCE]
+    silent = [r for r in results if r.outcome is not _OK and r.outcome in _SILENCE]
     ignore_silence = mass_silence(len(silent), len(results), config)
     note = (f"{len(silent)} of {len(results)} nodes silent in one round: a network partition or the "
             "login node's own trouble, not a node failure; not counted") if ignore_silence else ""
-    out: dict[str, NodeLiveness] = {}
+    # A node that answers again while answering keeps its state object as it is: a steady
+    # round does no work per node beyond this look-up. Every other result is folded in.
+    get = states.get
+    kept = [s for r in results if r.outcome is _OK and (s := get(r.node)) is not None and s.answering]
+    out = {s.node: s for s in kept}
+    if len(kept) == len(results):
+        return Step(out)
     decisions: list[Decision] = []
     confirm: list[str] = []
     for r in results:
-        s = states.get(r.node) or NodeLiveness(r.node)
+        s = get(r.node)
+        if s is not None and s.answering and r.outcome is _OK:
+            continue
+        s = s or NodeLiveness(r.node)
         if r.outcome is CheckOutcome.NOT_CHECKED or (ignore_silence and r.outcome in _SILENCE):
             s = _remember(s, now, f"{r.outcome.value if not ignore_silence else 'not counted'}"
                           f"{' (' + r.detail + ')' if r.detail else ''}")
@@ -144,14 +154,16 @@ def observe_confirmations(states: Mapping[str, NodeLiveness], results: Sequence[
 
 
 _SILENCE = frozenset({CheckOutcome.TIMEOUT, CheckOutcome.UNREACHABLE, CheckOutcome.ERROR})
+_OK = CheckOutcome.OK
 
 
 def _answered(s: NodeLiveness, r: CheckResult, now: datetime) -> tuple[NodeLiveness, Decision | None]:
     was = s.health
+    text = f"ok {_ms(r.latency_s)} and each check after"
     if was in (Health.OK, Health.MISSING):  # nothing to decide: the fresh state and its evidence only
-        return NodeLiveness(s.node, recent=(*s.recent, f"{_stamp(now)} ok {_ms(r.latency_s)}")[-_KEEP:]), None
-    s = _remember(s, now, f"ok {_ms(r.latency_s)}")
-    fresh = NodeLiveness(s.node, recent=s.recent)
+        return NodeLiveness(s.node, recent=(*s.recent, f"{_stamp(now)} {text}")[-_KEEP:], answering=True), None
+    s = _remember(s, now, text)
+    fresh = NodeLiveness(s.node, recent=s.recent, answering=True)
     if was is Health.SUSPECT:
         return fresh, _decide(s, Verdict.CLEARED, now, "answered the primary check within the window")
     if was in (Health.SPLIT, Health.DEAD):
@@ -228,7 +240,7 @@ def _decide(s: NodeLiveness, verdict: Verdict, now: datetime, why: str) -> Decis
 
 
 def _remember(s: NodeLiveness, now: datetime, text: str) -> NodeLiveness:
-    return replace(s, recent=(*s.recent, f"{_stamp(now)} {text}")[-_KEEP:])
+    return replace(s, recent=(*s.recent, f"{_stamp(now)} {text}")[-_KEEP:], answering=False)
 
 
 @functools.lru_cache(maxsize=4)

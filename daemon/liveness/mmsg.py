@@ -118,7 +118,7 @@ class SendBatch:
     """One packet of ``size`` bytes to each of ``addresses`` (4-byte IPv4 addresses), in order.
 
     Built once for a set of addresses (the buffers are the kernel's view: they live as
-    long as this object); :meth:`fill` writes a round's packets, :meth:`send` sends a run.
+    long as this object); :meth:`packets` is where a round's packets are written, :meth:`send` sends a run.
     """
 
     def __init__(self, addresses: Sequence[bytes], size: int) -> None:
@@ -132,11 +132,10 @@ class SendBatch:
         self._base = ctypes.addressof(self._msgs)
         self._count = n
 
-    def fill(self, packets: bytes) -> None:
-        """The round's packets, ``size`` bytes each, in the addresses' order."""
-        if len(packets) != self._count * self.size:
-            raise ValueError(f"{len(packets)} bytes for {self._count} packets of {self.size}")
-        ctypes.memmove(self._packets, packets, len(packets))
+    def packets(self) -> memoryview:
+        """The packets' buffer (``size`` bytes each, in the addresses' order) to write a
+        round's packets into, in place."""
+        return memoryview(self._packets).cast("B")[:self._count * self.size]
 
     def send(self, fd: int, start: int, count: int) -> tuple[int, int | None]:
         """Send packets ``start`` .. ``start + count - 1``: how many went, and the errno of the

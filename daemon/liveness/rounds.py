@@ -17,11 +17,14 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 from typing import Protocol
 
 from .machine import NodeLiveness, observe_checks, observe_confirmations
 from .timing import LivenessConfig
 from .verdicts import CheckOutcome, CheckResult, ConfirmOutcome, ConfirmResult, Decision, Target
+
+_NODE, _OUTCOME = attrgetter("node"), attrgetter("outcome")
 
 
 class PrimaryProber(Protocol):
@@ -81,14 +84,14 @@ class LivenessMonitor:
         """Check ``targets`` once (within ``interval_s``) and return what was decided."""
         decisions: list[Decision] = []
         decisions += self._collect(now)
-        self._targets = {t.node: t for t in targets}
+        self._targets = dict(zip(map(_NODE, targets), targets, strict=True))
         results = self._prober.check(targets, self._config.interval_s)
         step = observe_checks(self._states, results, now, self._config)
         self._states = step.states
         decisions += step.decisions
         self._queued = list(dict.fromkeys([*self._queued, *step.confirm]))
         started = self._start_confirmations()
-        answered = sum(r.outcome is CheckOutcome.OK for r in results)
+        answered = list(map(_OUTCOME, results)).count(CheckOutcome.OK)
         return RoundReport(tuple(decisions), len(results), answered, started, step.note, step.uncounted)
 
     def close(self) -> None:

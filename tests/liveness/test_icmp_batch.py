@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from b300.liveness import mmsg
 from b300.liveness.batch import Answer, checksum, run_batch
-from b300.liveness.icmp import IcmpProber, echo_packets, open_icmp_socket
+from b300.liveness.icmp import (
+    IcmpProber,
+    _EchoSocket,
+    _Plan,
+    echo_packets,
+    open_icmp_socket,
+    write_echo_packets,
+)
 from b300.liveness.verdicts import CheckOutcome, Target
 
 
@@ -31,6 +38,19 @@ def test_every_echo_request_carries_its_sequence_and_a_valid_checksum(count: int
         kind, code, _sum, got_ident, seq = struct.unpack("!BBHHH", packet[:8])
         assert (kind, code, got_ident, seq, packet[8:]) == (8, 0, ident, base + i, token)
         assert checksum(packet) == 0  # RFC 1071: a packet with its checksum sums to zero
+
+
+@given(st.integers(1, 600), st.integers(0, 0xFFFF), st.integers(0, 0xFFFF), st.binary(min_size=8, max_size=8),
+       st.binary(min_size=1, max_size=64))
+@settings(max_examples=100)
+def test_requests_written_in_place_over_the_last_rounds_are_the_same(count: int, ident: int, base: int,
+                                                                      token: bytes, old: bytes) -> None:
+    base = min(base, 65536 - count)
+    buf = bytearray((old * (1 + 16 * (count + 1) // len(old)))[:16 * (count + 1)])  # one packet more
+    tail = bytes(buf[16 * count:])
+    write_echo_packets(memoryview(buf), count, ident, base, token)
+    assert bytes(buf[:16 * count]) == echo_packets(count, ident, base, token)
+    assert bytes(buf[16 * count:]) == tail
 
 
 def test_the_checksum_wraps_where_the_sum_does() -> None:
@@ -165,3 +185,46 @@ def test_a_round_over_many_loopback_addresses(batched: bool, monkeypatch: pytest
     # Another set of nodes in use: the buffers follow it.
     results = prober.check(targets[:10], 1.0)
     assert [r.outcome for r in results] == [CheckOutcome.OK] * 10
+
+
+def _reply_slots(sock: _EchoSocket, positions: list[int], sources: list[bytes]) -> tuple[bytes, list[int]]:
+    """A raw socket's batched read (b300.liveness.mmsg.RecvRing) of echo replies from
+    ``sources`` naming ``positions``: a 20-byte IP header, the reply's 16 bytes, one slot each."""
+    blob = b""
+    for position, source in zip(positions, sources, strict=True):
+        echo = struct.pack("!BBHHH", 0, 0, 0, sock._ident, (sock._base + position) & 0xFFFF) + sock._token
+        ip = bytes([0x45]) + bytes(11) + source + socket.inet_aton("127.0.0.1")
+        blob += (ip + echo).ljust(mmsg.SLOT_SIZE, b"\0")
+    return blob, [36] * len(positions)
+
+
+@pytest.mark.parametrize("got", [mmsg.RING_SLOTS, 17])
+def test_a_read_of_replies_counts_as_a_whole_only_when_every_slot_is_ours(got: int) -> None:
+    """A full or partial read of this round's replies: all are answers. One reply with a
+    wrong token, identifier or sender, or naming a position past the round's, is left out
+    and the rest still count (slot by slot)."""
+    targets = [Target(f"n{i}", f"127.2.{i // 250}.{i % 250 + 1}", 1) for i in range(600)]
+    plan = _Plan(tuple(t.host for t in targets))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:  # stands in for the raw socket
+        sock = _EchoSocket(udp, False, targets, plan)
+        positions = [(37 * k) % 600 for k in range(got)]
+        sources = [socket.inet_aton(targets[p].host) for p in positions]
+        blob, lens = _reply_slots(sock, positions, sources)
+        out: list[Answer] = []
+        sock._slots(got, blob, lens, b"", out)
+        assert out == [(p, CheckOutcome.OK, "echo reply") for p in positions]
+        size, bad = mmsg.SLOT_SIZE, 5
+        at = bad * size
+        broken = {
+            "token": blob[:at + 28] + bytes([blob[at + 28] ^ 1]) + blob[at + 29:],
+            "identifier": blob[:at + 24] + bytes([blob[at + 24] ^ 1]) + blob[at + 25:],
+            "sender": blob[:at + 12] + socket.inet_aton(targets[positions[bad] + 1].host) + blob[at + 16:],
+            "position": _reply_slots(sock, [*positions[:bad], 600, *positions[bad + 1:]],
+                                     [*sources[:bad], socket.inet_aton("127.9.9.9"), *sources[bad + 1:]])[0],
+            "type": blob[:at + 20] + bytes([8]) + blob[at + 21:],
+        }
+        for what, data in broken.items():
+            out = []
+            sock._slots(got, data, lens, b"", out)
+            rest = [p for k, p in enumerate(positions) if k != bad]
+            assert out == [(p, CheckOutcome.OK, "echo reply") for p in rest], what

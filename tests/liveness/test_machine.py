@@ -316,16 +316,35 @@ def test_something_answering_but_refusing_us_is_alive() -> None:
     assert _verdicts(c) == [("a", Verdict.CLEARED)] and c.states["a"].health is Health.SPLIT
 
 
-def test_an_answering_node_keeps_the_last_six_checks_as_evidence() -> None:
+def test_an_answering_node_keeps_the_last_six_changes_as_evidence() -> None:
     """The answer of a node that was OK or missing checks: a fresh state (no misses) whose
-    evidence is its last six checks, each with its round's time to the millisecond."""
+    evidence is its last six changes, each with its round's time to the millisecond. An
+    answer after an answer changes nothing: the state object is kept as it is, and the
+    evidence line of the first answer stands for the answers after it."""
     states: dict[str, NodeLiveness] = {}
-    for i in range(8):
+    kept = []
+    for i in range(12):
         now = T0 + timedelta(seconds=i, microseconds=123456)
-        outcome = TIMEOUT if i == 5 else OK
+        outcome = TIMEOUT if i in (5, 8, 10) else OK
+        before = states.get("a")
         states = dict(observe_checks(states, [CheckResult("a", outcome, 0.0004 * (i + 1))], now, CFG).states)
+        kept.append(states["a"] is before)
     s = states["a"]
-    assert (s.health, s.misses) == (Health.OK, 0)
-    assert s.recent == ("12:00:02.123 ok 1 ms", "12:00:03.123 ok 2 ms", "12:00:04.123 ok 2 ms",
-                        "12:00:05.123 timeout 2 ms", "12:00:06.123 ok 3 ms", "12:00:07.123 ok 3 ms")
-    assert s == NodeLiveness("a", recent=s.recent)
+    assert (s.health, s.misses, s.answering) == (Health.OK, 0, True)
+    assert kept == [False, True, True, True, True, False, False, True, False, False, False, False]
+    assert s.recent == ("12:00:05.123 timeout 2 ms", "12:00:06.123 ok 3 ms and each check after",
+                        "12:00:08.123 timeout 4 ms", "12:00:09.123 ok 4 ms and each check after",
+                        "12:00:10.123 timeout 4 ms", "12:00:11.123 ok 5 ms and each check after")
+    assert s == NodeLiveness("a", recent=s.recent, answering=True)
+
+
+def test_a_steady_round_keeps_every_state_and_drops_the_nodes_no_longer_checked() -> None:
+    s = _round(None, 0, a=OK, b=OK, c=OK)
+    first = dict(s.states)
+    s = _round(dict(s.states), 1, a=OK, b=OK)
+    assert set(s.states) == {"a", "b"} and all(s.states[n] is first[n] for n in "ab")
+    assert s.decisions == () and s.confirm == () and s.note == ""
+    s = _round(dict(s.states), 2, a=CheckOutcome.NOT_CHECKED, b=OK)
+    assert not s.states["a"].answering and s.states["b"] is first["b"]
+    s = _round(dict(s.states), 3, a=OK, b=OK)  # an answer after "not checked" is a change
+    assert s.states["a"].answering and s.states["a"].recent[-1] == "12:00:03.000 ok 1 ms and each check after"
