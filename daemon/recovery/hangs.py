@@ -10,7 +10,8 @@ What to do is decided each cycle by :func:`hang_decision` (pure) from the attemp
 its limits, the step read, the step seen before and whether an ``attempt.hang`` is
 already recorded for the attempt: a hang recorded before the daemon died, whose job
 still runs, is cancelled again on the next cycle (``scancel`` again is harmless),
-never recorded a second time nor timed again from zero. :class:`HangWatch` reads,
+never recorded a second time nor timed again from zero (the hangs recorded are read
+from the event log once per attempt, with its progress). :class:`HangWatch` reads,
 asks, acts and records.
 
 The steps seen are also the run's progress record (``attempt.progress`` events:
@@ -177,6 +178,10 @@ class HangWatch:
         # Steps already in the event log per attempt (read once per attempt, so a
         # restarted daemon does not record them again).
         self._recorded_steps: dict[int, set[int]] = {}
+        # Attempts with an attempt.hang in the event log: read with the steps (once per
+        # attempt, so a restarted daemon knows the hangs an earlier one recorded), then
+        # kept as this watch records them (the only writer of attempt.hang).
+        self._hang_recorded: set[int] = set()
 
     def check(self, active: Sequence[Attempt]) -> int:
         """Look at the ``active`` attempts (the cycle's, after tracking); how many were cancelled."""
@@ -194,6 +199,7 @@ class HangWatch:
         self._progress = {k: v for k, v in self._progress.items() if k in live}
         self._progress_recorded = {k: v for k, v in self._progress_recorded.items() if k in live}
         self._recorded_steps = {k: v for k, v in self._recorded_steps.items() if k in live}
+        self._hang_recorded &= live
         for attempt in active:
             if attempt.state is not AttemptState.RUNNING or attempt.slurm_job_id is None:
                 continue
@@ -214,14 +220,14 @@ class HangWatch:
         path = health.progress_file
         if not path:
             return 0
-        self._seed_progress(attempt)
+        self._seed(attempt)
         watched = self._progress_of(attempt) if self._progress_of is not None else None
         step = watched if watched is not None else read_progress(path, attempt.start)
         mtime = _mtime(path)
         if watched and mtime is not None and attempt.start is not None and mtime < attempt.start:
             step = ""   # the snapshot an earlier attempt left: no step of this one yet
         decision = hang_decision(attempt, health, step, self._progress.get(attempt.id),
-                                 hang_recorded=self._hang_recorded(attempt),
+                                 hang_recorded=attempt.id in self._hang_recorded,
                                  withholding=self._withheld is not None, now=now, mtime=mtime)
         if decision.moved and decision.seen is not None:
             self._progress[attempt.id] = decision.seen
@@ -231,6 +237,7 @@ class HangWatch:
                     "stalled_s": round(decision.stalled_s, 1), "progress_file": path}
             self._store.append_events([NewEvent(Kind.ATTEMPT_HANG, run_id=attempt.run_id,
                                                 attempt_id=attempt.id, data=data)], now)
+            self._hang_recorded.add(attempt.id)
             log.warning("attempt.hang", **data)
             crashpoint("hang_recorded", attempt.number)
         if decision.withholds and self._withheld is not None:
@@ -244,17 +251,17 @@ class HangWatch:
         self._slurm.cancel(attempt.slurm_job_id)
         return 1
 
-    def _hang_recorded(self, attempt: Attempt) -> bool:
-        """Whether the event log holds an ``attempt.hang`` of ``attempt`` (read every cycle)."""
-        return any(e.attempt_id == attempt.id
-                   for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_HANG]))
-
-    def _seed_progress(self, attempt: Attempt) -> None:
-        """What an earlier daemon already recorded of this attempt's progress (once)."""
+    def _seed(self, attempt: Attempt) -> None:
+        """What an earlier daemon already recorded of this attempt (once): its progress, and
+        whether it recorded a hang."""
         if attempt.id in self._recorded_steps:
             return
-        mine = [e for e in self._store.events(run_id=attempt.run_id, kinds=[Kind.ATTEMPT_PROGRESS])
-                if e.attempt_id == attempt.id]
+        recorded = [e for e in self._store.events(run_id=attempt.run_id,
+                                                  kinds=[Kind.ATTEMPT_PROGRESS, Kind.ATTEMPT_HANG])
+                    if e.attempt_id == attempt.id]
+        if any(e.kind == Kind.ATTEMPT_HANG for e in recorded):
+            self._hang_recorded.add(attempt.id)
+        mine = [e for e in recorded if e.kind == Kind.ATTEMPT_PROGRESS]
         self._recorded_steps[attempt.id] = {s for e in mine if (s := AttemptProgress.of(e).step) is not None}
         if mine:
             self._progress_recorded[attempt.id] = mine[-1].ts
