@@ -5,14 +5,13 @@ cancelled by the next daemon at once, and never recorded twice."""
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import cast
 
 import pytest
+from hang_fixtures import T0, running_attempt, write_step
 
 from b300.events import Kind
 from b300.interfaces import NewEvent, SlurmClient, Store
@@ -22,7 +21,6 @@ from b300.safety.mode import Withheld
 from b300.spec import HealthPolicy
 from b300.store import open_store
 
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HEALTH = HealthPolicy(progress_file="/p/progress.json", hang_timeout_s=600.0, startup_timeout_s=1800.0)
 
 
@@ -148,23 +146,6 @@ class Slurm:
         self.cancelled.append(job_id)
 
 
-def _spec(progress: Path) -> str:
-    return (f'name = "r"\n[job]\ncommand = "srun train"\nnodes = 1\n'
-            f'[health]\nprogress_file = "{progress}"\nhang_timeout = "10m"\n')
-
-
-def _running(store: Store, progress: Path) -> Attempt:
-    store.create_run("r", "r", _spec(progress), T0)
-    a = store.begin_attempt("r", T0)
-    store.confirm_attempt(a.id, 7, T0)
-    return store.update_attempt(a.id, T0, state=AttemptState.RUNNING, nodes=["gpu01"], start=T0)
-
-
-def _write(progress: Path, step: int, at: datetime) -> None:
-    progress.write_text(json.dumps({"step": step}))
-    os.utime(progress, (at.timestamp(), at.timestamp()))
-
-
 def _hangs(store: Store) -> list[dict[str, object]]:
     return [dict(e.data) for e in store.events(run_id="r", kinds=[Kind.ATTEMPT_HANG])]
 
@@ -174,9 +155,9 @@ def test_a_hang_is_recorded_once_and_cancelled_until_the_job_ends(tmp_path: Path
     now = [T0 + timedelta(seconds=30)]
     slurm = Slurm()
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        a = _running(store, progress)
+        a = running_attempt(store, progress, "10m")
         watch = HangWatch(store, cast(SlurmClient, slurm), lambda: now[0])
-        _write(progress, 12, T0 + timedelta(seconds=25))
+        write_step(progress, 12, T0 + timedelta(seconds=25))
         assert watch.check([a]) == 0
         now[0] = T0 + timedelta(seconds=630)
         assert watch.check([a]) == 1
@@ -194,8 +175,8 @@ def test_a_restarted_daemon_cancels_a_recorded_hang_at_once(tmp_path: Path) -> N
     now = T0 + timedelta(seconds=631)
     slurm = Slurm()
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        a = _running(store, progress)
-        _write(progress, 12, T0 + timedelta(seconds=25))
+        a = running_attempt(store, progress, "10m")
+        write_step(progress, 12, T0 + timedelta(seconds=25))
         data = {"job_id": 7, "last_step": "12", "stalled_s": 600.0, "progress_file": str(progress)}
         store.append_events([NewEvent(Kind.ATTEMPT_HANG, run_id="r", attempt_id=a.id, data=data)],
                             T0 + timedelta(seconds=630))
@@ -209,8 +190,8 @@ def test_observe_mode_records_a_hang_once_across_a_restart(tmp_path: Path) -> No
     now = [T0 + timedelta(seconds=30)]
     slurm = Slurm()
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        a = _running(store, progress)
-        _write(progress, 12, T0 + timedelta(seconds=25))
+        a = running_attempt(store, progress, "10m")
+        write_step(progress, 12, T0 + timedelta(seconds=25))
         for _daemon in range(2):   # the second: a restart, nothing in memory
             watch = HangWatch(store, cast(SlurmClient, slurm), lambda: now[0],
                               withheld=Withheld(store.append_events, "observe mode"))

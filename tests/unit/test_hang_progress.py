@@ -4,46 +4,26 @@ job wrote in non-ASCII digits ignored instead of raising."""
 
 from __future__ import annotations
 
-import json
-import os
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
-from b300.model import Attempt, AttemptState
+from hang_fixtures import T0, running_attempt, write_step
+
+from b300.model import AttemptState
 from b300.recovery.hangs import HangWatch
-from b300.store import SqlStore, open_store
-
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-
-def _spec(progress: Path) -> str:
-    return (f'name = "r"\n[job]\ncommand = "srun train"\nnodes = 1\n'
-            f'[health]\nprogress_file = "{progress}"\nhang_timeout = "1h"\n')
-
-
-def _running(store: SqlStore, progress: Path) -> Attempt:
-    """Run ``r`` with one attempt RUNNING on gpu01 since T0, as job 7."""
-    store.create_run("r", "r", _spec(progress), T0)
-    a = store.begin_attempt("r", T0)
-    store.confirm_attempt(a.id, 7, T0)
-    return store.update_attempt(a.id, T0, state=AttemptState.RUNNING, nodes=["gpu01"], start=T0)
-
-
-def _write(progress: Path, step: object, at: datetime) -> None:
-    progress.write_text(json.dumps({"step": step}))
-    os.utime(progress, (at.timestamp(), at.timestamp()))
+from b300.store import open_store
 
 
 def test_progress_is_stamped_with_the_write_time_and_the_last_step_read_at_the_end(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     now = [T0 + timedelta(seconds=30)]
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        a = _running(store, progress)
+        a = running_attempt(store, progress, "1h")
         watch = HangWatch(store, None, lambda: now[0])  # no Slurm: nothing is cancelled here
-        _write(progress, 10, T0 + timedelta(seconds=21.5))
+        write_step(progress, 10, T0 + timedelta(seconds=21.5))
         assert watch.check([a]) == 0
         # The job went on to step 14 and died; the poll never saw 14 while it ran.
-        _write(progress, 14, T0 + timedelta(seconds=33.25))
+        write_step(progress, 14, T0 + timedelta(seconds=33.25))
         a = store.update_attempt(a.id, T0 + timedelta(seconds=40), state=AttemptState.FAILED,
                                  end=T0 + timedelta(seconds=34))
         now[0] = T0 + timedelta(seconds=45)
@@ -57,13 +37,13 @@ def test_a_file_written_after_the_attempt_ended_is_not_its_last_step(tmp_path: P
     progress = tmp_path / "progress.json"
     now = [T0 + timedelta(seconds=30)]
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        a = _running(store, progress)
+        a = running_attempt(store, progress, "1h")
         watch = HangWatch(store, None, lambda: now[0])
-        _write(progress, 10, T0 + timedelta(seconds=21.5))
+        write_step(progress, 10, T0 + timedelta(seconds=21.5))
         watch.check([a])
         store.update_attempt(a.id, T0 + timedelta(seconds=40), state=AttemptState.FAILED,
                              end=T0 + timedelta(seconds=34))
-        _write(progress, 3, T0 + timedelta(seconds=60))   # a newer attempt's
+        write_step(progress, 3, T0 + timedelta(seconds=60))   # a newer attempt's
         now[0] = T0 + timedelta(seconds=61)
         watch.check([])
         steps = [e.data["step"] for e in store.events(run_id="r", kinds=["attempt.progress"])]
@@ -74,9 +54,9 @@ def test_a_step_in_non_ascii_digits_is_not_a_step(tmp_path: Path) -> None:
     progress = tmp_path / "progress.json"
     now = [T0 + timedelta(seconds=30)]
     with open_store(f"sqlite:///{tmp_path / 'b300.db'}") as store:
-        a = _running(store, progress)
+        a = running_attempt(store, progress, "1h")
         watch = HangWatch(store, None, lambda: now[0])
-        _write(progress, "\u00b2", T0 + timedelta(seconds=20))
+        write_step(progress, "\u00b2", T0 + timedelta(seconds=20))
         assert watch.check([a]) == 0
         store.update_attempt(a.id, T0 + timedelta(seconds=40), state=AttemptState.FAILED,
                              end=T0 + timedelta(seconds=34))
