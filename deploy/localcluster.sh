@@ -829,46 +829,44 @@ cmd_freeze_node() { # node (validated)
   log "node $node frozen: killed -9 slurmd (${slurmd_pids:-none}), stopped slurmstepd and job processes (pids ${frozen:-none})"
 }
 
-cmd_restart_node() { # node (validated)
-  local node=$1
+node_back() { # node resume(0|1) seconds: slurmd (re)started, bounded wait until slurmctld has
+  # the node in service; resume=1 also lifts a DOWN/DRAIN it answers under. Its last state: BACK_STATE.
+  local node=$1 resume=$2 deadline last=-10
   need_root
   [[ -f $CONF ]] || die "no config at $CONF: run '$0 up' first"
   with_lock
   ctld_up || die "slurmctld is not running: run '$0 up'"
-  start_slurmd "$node"
+  if ((resume)); then
+    [[ -n $(first_pid slurmd "$node") ]] || start_slurmd "$node"
+  else
+    start_slurmd "$node"
+  fi
   wait_slurmd_alive "$node"
-  # Wait (bounded) until slurmctld sees it respond again (ReturnToService=2 returns a
-  # node that was DOWN for not responding to service on registration).
-  local deadline=$((SECONDS + 30)) s=""
+  # ReturnToService=2 returns a node that was DOWN for not responding to service on registration.
+  BACK_STATE=""
+  deadline=$((SECONDS + $3))
   while ((SECONDS < deadline)); do
-    s=$(timeout 10 sinfo -h -N -n "$node" -o '%T' 2>/dev/null | head -n1 || true)
-    healthy_state "$s" && { log "node $node is back ($s)"; return 0; }
-    sleep 1
-  done
-  log "slurmd $node runs, but slurmctld reports the node as '$s' (use 'up' to resume DOWN/DRAIN nodes)"
-  return 0
-}
-
-cmd_revive() { # node (validated): slurmd running again, a DOWN/DRAIN lifted, back in service
-  local node=$1 s="" deadline last=-10
-  need_root
-  [[ -f $CONF ]] || die "no config at $CONF: run '$0 up' first"
-  with_lock
-  ctld_up || die "slurmctld is not running: run '$0 up'"
-  [[ -n $(first_pid slurmd "$node") ]] || start_slurmd "$node"
-  wait_slurmd_alive "$node"
-  deadline=$((SECONDS + 45))
-  while ((SECONDS < deadline)); do
-    s=$(timeout 10 sinfo -h -N -n "$node" -o '%T' 2>/dev/null | head -n1 || true)
-    healthy_state "$s" && { log "node $node is back ($s)"; return 0; }
+    BACK_STATE=$(timeout 10 sinfo -h -N -n "$node" -o '%T' 2>/dev/null | head -n1 || true)
+    healthy_state "$BACK_STATE" && { log "node $node is back ($BACK_STATE)"; return 0; }
     # Responding (no '*') but held DOWN or DRAIN: lift it (again every 5 s while so).
-    if [[ $s =~ ^(down|drained|draining|drain|fail|failing)$ ]] && ((SECONDS - last >= 5)); then
+    if ((resume)) && [[ $BACK_STATE =~ ^(down|drained|draining|drain|fail|failing)$ ]] &&
+      ((SECONDS - last >= 5)); then
       timeout 10 scontrol update "NodeName=$node" State=RESUME >/dev/null 2>&1 || true
       last=$SECONDS
     fi
     sleep 0.5
   done
-  die "node $node not back in 45 s (slurmctld reports '$s')"
+  return 1
+}
+
+cmd_restart_node() { # node (validated)
+  node_back "$1" 0 30 ||
+    log "slurmd $1 runs, but slurmctld reports the node as '$BACK_STATE' (use 'up' to resume DOWN/DRAIN nodes)"
+  return 0
+}
+
+cmd_revive() { # node (validated): slurmd running again, a DOWN/DRAIN lifted, back in service
+  node_back "$1" 1 45 || die "node $1 not back in 45 s (slurmctld reports '$BACK_STATE')"
 }
 
 usage() {
