@@ -85,6 +85,12 @@ drill() { # the failure drill on a small training job; its result on one line
   spec="$run_dir/demo-train.toml"
   sed -e "s#@PYTHON@#$(command -v python3)#" -e "s#@REPO@#$PWD#g" -e "s#@RUN@#$run_dir#g" \
     deploy/examples/demo-train.toml > "$spec"
+  # The training run an earlier demo left going would compete for the nodes: cancel it first.
+  for run in $("$PY" -m b300.cli --json status --all | "$PY" -c 'import json,sys
+print(" ".join(r["id"] for r in json.load(sys.stdin)["runs"]
+               if r["name"] == "demo-train" and r["state"] not in ("COMPLETED", "FAILED", "CANCELLED")))'); do
+    "$PY" -m b300.cli cancel "$run" >/dev/null && echo "demo: cancelled the earlier demo's training run $run"
+  done
   run=$("$PY" -m b300.cli --json submit "$spec" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["run"]["id"])')
   echo "demo: submitted training run $run (checkpoints in $run_dir/ckpt)"
   # Wait (at most 3 minutes) until it trains past its first checkpoint.
