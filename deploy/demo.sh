@@ -87,7 +87,7 @@ drill() { # the failure drill on a small training job; its result on one line
     deploy/examples/demo-train.toml > "$spec"
   # The training run an earlier demo left going would compete for the nodes: cancel it first.
   for run in $("$PY" -m b300.cli --json status --all | "$PY" -c 'import json,sys
-print(" ".join(r["id"] for r in json.load(sys.stdin)["runs"]
+print(" ".join(r["id"] for r in json.load(sys.stdin)
                if r["name"] == "demo-train" and r["state"] not in ("COMPLETED", "FAILED", "CANCELLED")))'); do
     "$PY" -m b300.cli cancel "$run" >/dev/null && echo "demo: cancelled the earlier demo's training run $run"
   done
